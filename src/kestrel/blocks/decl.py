@@ -1,0 +1,294 @@
+"""Reading a block class into its declaration: generics, members, where facts, functions.
+
+Parsing is lazy (on first ``decl()``), so a notation error in one block is reported by ``kestrel
+check`` with its file and line instead of failing the import of every model.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from ..shapes.facts import Fact, Facts
+from ..shapes.parse import DimParseError, Parser, parse_facts
+from ..shapes.poly import AtomOrder, Poly
+from ..types.dtypes import DTYPES, DType, DTypeKind, DTypeVar
+from ..types.tensor import Scope, TensorType, Type, TypeParser, parse_param, parse_type
+from .spec import ArraySpec, Dim, ParamSpec, Shape, SubSpec
+
+
+class DeclarationError(Exception):
+    """A block declaration that cannot be read: bad notation, unknown generic, wrong sub arguments."""
+
+    def __init__(self, message: str, file: str | None = None, line: int | None = None) -> None:
+        self.message, self.file, self.line = message, file, line
+        where = f"{file}:{line}: " if file else ""
+        super().__init__(where + message)
+
+
+@dataclass(frozen=True)
+class GenericDecl:
+    name: str
+    kind: Any  # Dim, Shape or a DTypeKind
+    default: DType | None = None
+
+    @property
+    def is_dim(self) -> bool:
+        return self.kind is Dim
+
+    @property
+    def is_dtype(self) -> bool:
+        return isinstance(self.kind, DTypeKind)
+
+
+@dataclass(frozen=True)
+class ParamDecl:
+    name: str
+    type: TensorType
+    optional: bool
+    line: int | None
+
+
+GenericArg = Union[Poly, DType, DTypeVar]
+
+
+@dataclass(frozen=True)
+class SubDecl:
+    name: str
+    block: type
+    args: tuple[GenericArg, ...]  # one per callee generic, defaults filled in
+    count: Poly | None  # a sub array's length, None for a single sub
+    line: int | None
+
+    def callee_binding(self) -> tuple[dict[str, Poly], dict[str, DType | DTypeVar]]:
+        """The callee's generics in terms of the caller's."""
+        dims: dict[str, Poly] = {}
+        dtypes: dict[str, DType | DTypeVar] = {}
+        for g, a in zip(self.block.decl().generics, self.args):
+            if isinstance(a, Poly):
+                dims[g.name] = a
+            else:
+                dtypes[g.name] = a
+        return dims, dtypes
+
+
+@dataclass(frozen=True)
+class FnDecl:
+    name: str  # as printed: a private ``_embed`` prints as ``embed``
+    pyname: str
+    visibility: str  # "entry", "pub" or "private"
+    generics: tuple[tuple[str, str], ...]  # (name, "Dim" | "Shape") in first-appearance order
+    params: tuple[tuple[str, Type], ...]
+    result: Type
+    fn: Callable[..., Any]
+    file: str
+    line: int
+
+    @property
+    def free_dims(self) -> set[str]:
+        return {n for n, k in self.generics if k == "Dim"}
+
+
+@dataclass
+class BlockDecl:
+    name: str
+    module: str
+    cls: type
+    generics: list[GenericDecl]
+    members: list[ParamDecl | SubDecl] = field(default_factory=list)
+    where: list[Fact] = field(default_factory=list)
+    functions: list[FnDecl] = field(default_factory=list)
+    order: AtomOrder = field(default_factory=AtomOrder)
+    settings: dict[str, Any] = field(default_factory=dict)  # non-shape hyperparameters: ``eps: float = 1e-6``
+    file: str = ""
+    line: int = 0
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.module}::{self.name}"
+
+    @property
+    def params(self) -> list[ParamDecl]:
+        return [m for m in self.members if isinstance(m, ParamDecl)]
+
+    @property
+    def subs(self) -> list[SubDecl]:
+        return [m for m in self.members if isinstance(m, SubDecl)]
+
+    @property
+    def entries(self) -> list[FnDecl]:
+        return [f for f in self.functions if f.visibility == "entry"]
+
+    def function(self, pyname: str) -> FnDecl | None:
+        return next((f for f in self.functions if f.pyname == pyname), None)
+
+    def generic(self, name: str) -> GenericDecl | None:
+        return next((g for g in self.generics if g.name == name), None)
+
+    def facts(self) -> Facts:
+        return Facts(list(self.where))
+
+    def scope(self, free: bool = False) -> Scope:
+        return Scope(
+            dims={g.name for g in self.generics if g.is_dim},
+            shapes={g.name for g in self.generics if g.kind is Shape},
+            dtypes={g.name: DTypeVar(g.name, g.kind.name) for g in self.generics if g.is_dtype},
+            free=free,
+        )
+
+
+# ------------------------------------------------------------------------------------ reading
+
+
+def read_block(cls: type, module: str) -> BlockDecl:
+    file = inspect.getsourcefile(cls) or "<unknown>"
+    try:
+        lines, first = inspect.getsourcelines(cls)
+    except (OSError, TypeError):
+        lines, first = [], 0
+    member_line = _member_lines(lines, first)
+    annotations = cls.__dict__.get("__annotations__", {})
+
+    generics: list[GenericDecl] = []
+    for name, ann in annotations.items():
+        if ann is Dim or ann is Shape or isinstance(ann, DTypeKind):
+            default = cls.__dict__.get(name)
+            if default is not None and not isinstance(default, DType):
+                raise DeclarationError(f"default of generic {name} must be a dtype", file, member_line.get(name))
+            generics.append(GenericDecl(name, ann, default))
+
+    decl = BlockDecl(cls.__name__, module, cls, generics, file=file, line=first)
+    decl.settings = {n: cls.__dict__.get(n) for n, a in annotations.items() if a in (float, int, str, bool)}
+    scope = decl.scope()
+
+    for name, ann in annotations.items():
+        line = member_line.get(name)
+        try:
+            if isinstance(ann, ParamSpec):
+                ty = parse_param(ann.text, scope, decl.order)
+                decl.members.append(ParamDecl(name, TensorType(ty.dims, ty.dtype, ann.optional), ann.optional, line))
+            elif isinstance(ann, SubSpec):
+                decl.members.append(_read_sub(name, ann, None, decl, line))
+            elif isinstance(ann, ArraySpec):
+                count = _parse_dim_in(ann.count, scope, decl.order)
+                decl.members.append(_read_sub(name, ann.sub, count, decl, line))
+        except DimParseError as e:
+            raise DeclarationError(f"in {decl.qualname}.{name}: {e}", file, line) from None
+
+    where_text = cls.__dict__.get("where", "")
+    if where_text:
+        try:
+            decl.where = parse_facts(where_text, _strict_resolver(scope))
+        except DimParseError as e:
+            raise DeclarationError(f"in {decl.qualname} where clause: {e}", file, member_line.get("where")) from None
+
+    for pyname, fn in cls.__dict__.items():
+        if inspect.isfunction(fn) and not pyname.startswith("__") and fn.__annotations__:
+            decl.functions.append(_read_function(pyname, fn, decl))
+    return decl
+
+
+def _member_lines(lines: list[str], first: int) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for i, text in enumerate(lines):
+        m = re.match(r"\s*([A-Za-z_]\w*)\s*[:=]", text)
+        if m and m.group(1) not in out:
+            out[m.group(1)] = first + i
+    return out
+
+
+def _strict_resolver(scope: Scope):
+    def resolve(name: str, col: int) -> Poly:
+        if name in scope.dims:
+            return Poly.sym(name)
+        raise DimParseError(f"unbound generic {name!r}", name, 0)
+
+    return resolve
+
+
+def _parse_dim_in(text: str, scope: Scope, order: AtomOrder) -> Poly:
+    p = TypeParser(text, scope, order)
+    out = p.expr()
+    p.finish()
+    return out
+
+
+def _read_sub(name: str, spec: SubSpec, count: Poly | None, caller: BlockDecl, line: int | None) -> SubDecl:
+    from .block import Block
+
+    if not (isinstance(spec.block, type) and issubclass(spec.block, Block)):
+        raise DeclarationError(f"sub {name}: {spec.block!r} is not a block", caller.file, line)
+    callee = spec.block.decl()
+    scope = caller.scope()
+    p = TypeParser(spec.args, scope, caller.order)
+    args: list[GenericArg] = []
+    for i, g in enumerate(callee.generics):
+        if p.tok.kind == "end":
+            if g.default is None:
+                missing = ", ".join(x.name for x in callee.generics[i:])
+                raise DeclarationError(
+                    f"sub {name}: {callee.qualname} needs generics {missing} (given {len(args)} of "
+                    f"{len(callee.generics)})", caller.file, line)
+            args.append(g.default)
+            continue
+        if i and not p.accept(","):
+            raise p.error("expected ','")
+        if g.is_dtype:
+            args.append(_read_dtype_arg(p, scope, g, callee, name))
+        elif g.is_dim:
+            args.append(p.expr())
+        else:
+            raise p.error(f"generic {g.name} of kind Shape cannot be passed to a sub")
+    if p.tok.kind != "end":
+        raise DeclarationError(
+            f"sub {name}: {callee.qualname} takes {len(callee.generics)} generics, given more: {spec.args!r}",
+            caller.file, line)
+    return SubDecl(name, spec.block, tuple(args), count, line)
+
+
+def _read_dtype_arg(p: Parser, scope: Scope, g: GenericDecl, callee: BlockDecl, sub: str) -> DType | DTypeVar:
+    tok = p.tok
+    p.i += 1
+    if tok.kind == "name" and tok.text in scope.dtypes:
+        return scope.dtypes[tok.text]
+    if tok.kind == "name" and tok.text in DTYPES:
+        d = DTYPES[tok.text]
+        if not g.kind.admits(d):
+            raise p.error(f"sub {sub}: generic {g.name}: {g.kind.name} of {callee.qualname} does not admit {d}", tok)
+        return d
+    raise p.error(f"sub {sub}: generic {g.name} of {callee.qualname} is a dtype ({g.kind.name}), "
+                  f"given {tok.text!r}", tok)
+
+
+def _read_function(pyname: str, fn: Callable[..., Any], decl: BlockDecl) -> FnDecl:
+    fn = inspect.unwrap(fn)  # entries are wrapped with their run-time input check
+    file = inspect.getsourcefile(fn) or decl.file
+    line = fn.__code__.co_firstlineno
+    sig = inspect.signature(fn)
+    scope = decl.scope(free=True)
+    params: list[tuple[str, Type]] = []
+    try:
+        for pname, p in list(sig.parameters.items())[1:]:
+            if p.annotation is inspect.Parameter.empty or not isinstance(p.annotation, str):
+                raise DeclarationError(
+                    f"{decl.qualname}.{pyname}: parameter {pname} needs a type such as \"Tensor[B, N, D; T]\"",
+                    file, line)
+            params.append((pname, parse_type(p.annotation, scope, decl.order)))
+        ret = sig.return_annotation
+        if ret is inspect.Signature.empty or not isinstance(ret, str):
+            raise DeclarationError(f"{decl.qualname}.{pyname}: the result needs a type", file, line)
+        result = parse_type(ret, scope, decl.order)
+    except DimParseError as e:
+        raise DeclarationError(f"in {decl.qualname}.{pyname}: {e}", file, line) from None
+    if getattr(fn, "__kestrel_entry__", False):
+        visibility = "entry"
+    elif pyname.startswith("_"):
+        visibility = "private"
+    else:
+        visibility = "pub"
+    name = pyname[1:] if pyname.startswith("_") else pyname
+    return FnDecl(name, pyname, visibility, tuple(scope.new_order), tuple(params), result, fn, file, line)
+

@@ -1,0 +1,113 @@
+"""DINOv2 (Oquab et al., 2023): a ViT trained self-supervised, with LayerScale on each residual.
+
+``forward`` gives the normed class token followed by one token per patch. The model is bound at
+one image size (``Height`` x ``Width``); the checkpoint's position table is resampled to that grid
+once, at load time, exactly as the reference resamples it on every call.
+"""
+
+from ..blocks import Array, Block, Dim, Float, Param, entry, f32
+from ..std import ops
+from ..std.nn import Linear
+
+
+class LayerNorm(Block):
+    D: Dim
+    T: Float
+    eps: float = 1e-6
+
+    weight: Param["D; T"]
+    bias: Param["D; T"]
+
+    def forward(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
+        return ops.layer_norm(x, self.weight, self.bias, self.eps)
+
+
+class LayerScale(Block):
+    """A learnt per-channel gain on a residual branch."""
+
+    D: Dim
+    T: Float
+
+    lambda1: Param["D; T"]
+
+    def forward(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
+        return x * self.lambda1
+
+
+class Attention(Block):
+    D: Dim
+    Heads: Dim
+    T: Float
+    where = "Heads > 0, D % Heads == 0"
+
+    query: Linear["D, D, T"]
+    key: Linear["D, D, T"]
+    value: Linear["D, D, T"]
+    out: Linear["D, D, T"]
+
+    def forward(self, x: "Tensor[B, N, D; T]") -> "Tensor[B, N, D; T]":
+        B, N, _ = x.shape
+
+        def heads(t):
+            return t.view(B, N, self.Heads, self.D // self.Heads).transpose(1, 2)
+
+        y = ops.attention(heads(self.query(x)), heads(self.key(x)), heads(self.value(x)))
+        return self.out(y.transpose(1, 2).reshape(B, N, self.D))
+
+
+class EncoderLayer(Block):
+    D: Dim
+    Heads: Dim
+    Inner: Dim
+    T: Float
+    where = "Heads > 0, D % Heads == 0"
+
+    norm1: LayerNorm["D, T"]
+    attention: Attention["D, Heads, T"]
+    layer_scale1: LayerScale["D, T"]
+    norm2: LayerNorm["D, T"]
+    up: Linear["D, Inner, T"]
+    down: Linear["Inner, D, T"]
+    layer_scale2: LayerScale["D, T"]
+
+    def forward(self, x: "Tensor[B, N, D; T]") -> "Tensor[B, N, D; T]":
+        x = x + self.layer_scale1(self.attention(self.norm1(x)))
+        return x + self.layer_scale2(self.down(ops.gelu(self.up(self.norm2(x)))))
+
+
+class Model(Block):
+    Height: Dim
+    Width: Dim
+    Channels: Dim
+    Patch: Dim
+    D: Dim
+    Heads: Dim
+    Inner: Dim
+    Layers: Dim
+    T: Float = f32
+    where = "Patch > 0, Heads > 0, D % Heads == 0"
+    imports = ("std.nn.linear", "std.nn.norm")
+
+    patch_weight: Param["D, Channels, Patch, Patch; T"]
+    patch_bias: Param["D; T"]
+    class_token: Param["1, 1, D; T"]
+    positions: Param["1, 1 + (Height / Patch) * (Width / Patch), D; T"]
+    layers: Array[EncoderLayer["D, Heads, Inner, T"], "Layers"]
+    norm: LayerNorm["D, T"]
+
+    @entry
+    def forward(
+        self, image: "Tensor[B, Channels, Height, Width; T]"
+    ) -> "Tensor[B, 1 + (Height / Patch) * (Width / Patch), D; T]":
+        x = self._embed(image)
+        cls = self.class_token.expand(x.shape[0], -1, -1)
+        x = ops.cat([cls, x], dim=1) + self.positions
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x)
+
+    def _embed(
+        self, image: "Tensor[B, Channels, Height, Width; T]"
+    ) -> "Tensor[B, (Height / Patch) * (Width / Patch), D; T]":
+        x = ops.conv2d(image, self.patch_weight, self.patch_bias, stride=self.Patch)
+        return x.flatten(2).transpose(1, 2)

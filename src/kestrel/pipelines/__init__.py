@@ -1,0 +1,1 @@
+"""Input pipelines: turning files on disk into the tensors a checkpoint expects."""

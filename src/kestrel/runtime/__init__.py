@@ -1,0 +1,1 @@
+"""Runtime support: reading checkpoints safely and resolving pinned Hugging Face repos."""

@@ -1,0 +1,497 @@
+"""Dimensions as canonical polynomials.
+
+A dimension is a polynomial with integer coefficients over *atoms*: symbols, and floor division,
+modulo, min and max of canonical polynomials. Atoms are interned, so two equal expressions are the
+same object structurally and compare equal with ``==``. Operations fold what they can prove from the
+structure alone (``(4 * H + 2) / 2`` is ``2 * H + 1``); facts from ``where`` clauses live in
+:mod:`kestrel.shapes.facts`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from typing import Union
+
+# ----------------------------------------------------------------------------------------- atoms
+
+_next_id = itertools.count()
+_interned: dict[tuple, Atom] = {}
+
+
+class Atom:
+    """An indivisible factor of a monomial. Interned: build atoms with the ``make`` class methods."""
+
+    __slots__ = ("id", "key")
+    id: int
+    key: tuple
+
+    def __new__(cls, key: tuple) -> Atom:  # interning constructor, use the make_* helpers
+        found = _interned.get(key)
+        if found is not None:
+            return found
+        atom = object.__new__(cls)
+        atom.id = next(_next_id)
+        atom.key = key
+        _interned[key] = atom
+        return atom
+
+    def __reduce__(self):  # atoms pickle by key and re-intern
+        return (type(self), (self.key,))
+
+    def __lt__(self, other: Atom) -> bool:
+        return self.id < other.id
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self})"
+
+    def children(self) -> tuple[Poly, ...]:
+        return ()
+
+
+class Sym(Atom):
+    """A named dimension: a generic such as ``D`` or ``B``."""
+
+    __slots__ = ()
+
+    def __new__(cls, name: str) -> Sym:  # type: ignore[misc]
+        return super().__new__(cls, ("sym", name))  # type: ignore[return-value]
+
+    def __reduce__(self):
+        return (Sym, (self.name,))
+
+    @property
+    def name(self) -> str:
+        return self.key[1]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class _Binary(Atom):
+    """An atom over two canonical polynomials."""
+
+    __slots__ = ()
+    tag = ""
+
+    def __new__(cls, a: Poly, b: Poly) -> _Binary:  # type: ignore[misc]
+        return super().__new__(cls, (cls.tag, a, b))  # type: ignore[return-value]
+
+    def __reduce__(self):
+        return (type(self), (self.key[1], self.key[2]))
+
+    @property
+    def a(self) -> Poly:
+        return self.key[1]
+
+    @property
+    def b(self) -> Poly:
+        return self.key[2]
+
+    def children(self) -> tuple[Poly, ...]:
+        return (self.a, self.b)
+
+    def __str__(self) -> str:
+        return format_poly(Poly.atom(self))
+
+
+class FloorDiv(_Binary):
+    __slots__ = ()
+    tag = "div"
+
+
+class Mod(_Binary):
+    __slots__ = ()
+    tag = "mod"
+
+
+class Min(_Binary):
+    __slots__ = ()
+    tag = "min"
+
+
+class Max(_Binary):
+    __slots__ = ()
+    tag = "max"
+
+
+# ------------------------------------------------------------------------------------ polynomials
+
+Monomial = tuple[Atom, ...]  # atoms sorted by id, repeated for powers; () is the constant monomial
+DimLike = Union["Poly", int]
+
+
+class Poly:
+    """A canonical polynomial: an immutable map from monomials to nonzero integer coefficients."""
+
+    __slots__ = ("_hash", "terms")
+    terms: tuple[tuple[Monomial, int], ...]
+
+    def __init__(self, terms: Mapping[Monomial, int] | Iterable[tuple[Monomial, int]] = ()) -> None:
+        items = terms.items() if isinstance(terms, Mapping) else terms
+        acc: dict[Monomial, int] = {}
+        for mono, coef in items:
+            acc[mono] = acc.get(mono, 0) + coef
+        self.terms = tuple(sorted(((m, c) for m, c in acc.items() if c != 0), key=_mono_key))
+        self._hash = hash(self.terms)
+
+    # construction ---------------------------------------------------------------------------
+    @staticmethod
+    def const(value: int) -> Poly:
+        return Poly({(): int(value)})
+
+    @staticmethod
+    def atom(a: Atom) -> Poly:
+        return Poly({(a,): 1})
+
+    @staticmethod
+    def sym(name: str) -> Poly:
+        return Poly.atom(Sym(name))
+
+    @staticmethod
+    def of(value: DimLike) -> Poly:
+        if isinstance(value, Poly):
+            return value
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"a dimension must be an int or a Poly, not {type(value).__name__}")
+        return Poly.const(value)
+
+    # queries --------------------------------------------------------------------------------
+    @property
+    def is_const(self) -> bool:
+        return all(m == () for m, _ in self.terms)
+
+    @property
+    def value(self) -> int:
+        """The integer value of a constant polynomial."""
+        if not self.is_const:
+            raise ValueError(f"{format_poly(self)} is not a constant")
+        return self.terms[0][1] if self.terms else 0
+
+    def const_term(self) -> int:
+        return dict(self.terms).get((), 0)
+
+    def as_atom(self) -> Atom | None:
+        """The atom if this polynomial is exactly one atom with coefficient 1."""
+        if len(self.terms) == 1 and self.terms[0][1] == 1 and len(self.terms[0][0]) == 1:
+            return self.terms[0][0][0]
+        return None
+
+    def atoms(self) -> list[Atom]:
+        """Every atom in this polynomial, nested ones included, each once, in creation order."""
+        seen: dict[Atom, None] = {}
+
+        def walk(p: Poly) -> None:
+            for mono, _ in p.terms:
+                for a in mono:
+                    for child in a.children():
+                        walk(child)
+                    seen.setdefault(a, None)
+
+        walk(self)
+        return sorted(seen)
+
+    def symbols(self) -> list[Sym]:
+        return [a for a in self.atoms() if isinstance(a, Sym)]
+
+    # arithmetic -----------------------------------------------------------------------------
+    def __add__(self, other: DimLike) -> Poly:
+        other = Poly.of(other)
+        return Poly(list(self.terms) + list(other.terms))
+
+    __radd__ = __add__
+
+    def __neg__(self) -> Poly:
+        return Poly((m, -c) for m, c in self.terms)
+
+    def __sub__(self, other: DimLike) -> Poly:
+        return self + (-Poly.of(other))
+
+    def __rsub__(self, other: DimLike) -> Poly:
+        return Poly.of(other) - self
+
+    def __mul__(self, other: DimLike) -> Poly:
+        other = Poly.of(other)
+        out: list[tuple[Monomial, int]] = []
+        for m1, c1 in self.terms:
+            for m2, c2 in other.terms:
+                out.append((tuple(sorted(m1 + m2)), c1 * c2))
+        return Poly(out)
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, other: DimLike) -> Poly:
+        return floordiv(self, Poly.of(other))
+
+    def __rfloordiv__(self, other: DimLike) -> Poly:
+        return floordiv(Poly.of(other), self)
+
+    def __mod__(self, other: DimLike) -> Poly:
+        return mod(self, Poly.of(other))
+
+    def __rmod__(self, other: DimLike) -> Poly:
+        return mod(Poly.of(other), self)
+
+    # identity -------------------------------------------------------------------------------
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, int) and not isinstance(other, bool):
+            other = Poly.const(other)
+        return isinstance(other, Poly) and self.terms == other.terms
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self):
+        return (Poly, (self.terms,))
+
+    def __repr__(self) -> str:
+        return f"Poly({format_poly(self)})"
+
+    def __str__(self) -> str:
+        return format_poly(self)
+
+
+def _mono_key(item: tuple[Monomial, int]) -> tuple:
+    mono = item[0]
+    return (len(mono) > 0, tuple(a.id for a in mono))
+
+
+ZERO = Poly()
+ONE = Poly.const(1)
+
+# ---------------------------------------------------------------------------- folding operations
+
+
+def _split_by(n: Poly, d: Poly) -> tuple[Poly, Poly] | None:
+    """Write n = d * q + r where d is a single term and r keeps the terms d does not divide.
+
+    For a constant divisor c each coefficient a splits as a = c * (a // c) + a % c, which is valid
+    under the floor: floor((d * q + r) / d) = q + floor(r / d) whenever q is an integer.
+    Returns None when d is not a single term.
+    """
+    if len(d.terms) != 1:
+        return None
+    dmono, dcoef = d.terms[0]
+    if dcoef <= 0:
+        return None
+    q: list[tuple[Monomial, int]] = []
+    r: list[tuple[Monomial, int]] = []
+    for mono, coef in n.terms:
+        rest = _mono_divide(mono, dmono)
+        if rest is None:
+            r.append((mono, coef))
+            continue
+        if dmono:  # symbolic divisor: only exact coefficients move into the quotient
+            if coef % dcoef == 0:
+                q.append((rest, coef // dcoef))
+            else:
+                r.append((mono, coef))
+        else:
+            q.append((rest, coef // dcoef))
+            if coef % dcoef:
+                r.append((mono, coef % dcoef))
+    return Poly(q), Poly(r)
+
+
+def _mono_divide(mono: Monomial, by: Monomial) -> Monomial | None:
+    rest = list(mono)
+    for a in by:
+        if a not in rest:
+            return None
+        rest.remove(a)
+    return tuple(rest)
+
+
+def _content_gcd(p: Poly) -> int:
+    from math import gcd
+
+    g = 0
+    for _, c in p.terms:
+        g = gcd(g, abs(c))
+    return g
+
+
+def floordiv(n: Poly, d: Poly) -> Poly:
+    """floor(n / d) in canonical form. The divisor must be positive (the checker proves it)."""
+    if d.is_const:
+        if d.value == 0:
+            raise ZeroDivisionError(f"division of {format_poly(n)} by zero")
+        if d.value < 0:
+            return floordiv(-n, -d)
+        if d.value == 1:
+            return n
+        if n.is_const:
+            return Poly.const(n.value // d.value)
+    split = _split_by(n, d)
+    if split is not None:
+        q, r = split
+        if r == ZERO:
+            return q
+        if q != ZERO:
+            return q + floordiv(r, d)
+        n = r
+    if n == ZERO:
+        return ZERO
+    # floor(k * a / (k * b)) == floor(a / b) for a positive common factor k of every coefficient
+    from math import gcd
+
+    g = gcd(_content_gcd(n), _content_gcd(d))
+    if g > 1 and all(c > 0 for _, c in d.terms):
+        n = Poly((m, c // g) for m, c in n.terms)
+        d = Poly((m, c // g) for m, c in d.terms)
+        return floordiv(n, d)
+    # floor(floor(a / b) / c) == floor(a / (b * c)) for positive b, c
+    inner = n.as_atom()
+    if isinstance(inner, FloorDiv):
+        return floordiv(inner.a, inner.b * d)
+    return Poly.atom(FloorDiv(n, d))
+
+
+def mod(n: Poly, d: Poly) -> Poly:
+    """n mod d (floor semantics, result in [0, d)) in canonical form."""
+    if d.is_const:
+        if d.value == 0:
+            raise ZeroDivisionError(f"{format_poly(n)} modulo zero")
+        if d.value == 1:
+            return ZERO
+        if n.is_const:
+            return Poly.const(n.value % d.value)
+    split = _split_by(n, d)
+    if split is not None:
+        n = split[1]  # (d * q + r) mod d == r mod d
+    if n == ZERO:
+        return ZERO
+    return Poly.atom(Mod(n, d))
+
+
+def _structurally_nonneg(p: Poly) -> bool:
+    return all(c >= 0 for _, c in p.terms)
+
+
+def minimum(a: Poly, b: Poly) -> Poly:
+    if a.is_const and b.is_const:
+        return Poly.const(min(a.value, b.value))
+    if a == b or _structurally_nonneg(b - a):
+        return a
+    if _structurally_nonneg(a - b):
+        return b
+    x, y = sorted((a, b), key=lambda p: p.terms and tuple(_mono_key(t) for t in p.terms))
+    return Poly.atom(Min(x, y))
+
+
+def maximum(a: Poly, b: Poly) -> Poly:
+    if a.is_const and b.is_const:
+        return Poly.const(max(a.value, b.value))
+    if a == b or _structurally_nonneg(b - a):
+        return b
+    if _structurally_nonneg(a - b):
+        return a
+    x, y = sorted((a, b), key=lambda p: p.terms and tuple(_mono_key(t) for t in p.terms))
+    return Poly.atom(Max(x, y))
+
+
+_REBUILD = {FloorDiv: floordiv, Mod: mod, Min: minimum, Max: maximum}
+
+
+def substitute(p: Poly, binding: Mapping[str, DimLike]) -> Poly:
+    """Replace symbols by polynomials or ints and re-canonicalise (divisions fold as they can)."""
+    if not binding:
+        return p
+    cache: dict[Atom, Poly] = {}
+
+    def atom_value(a: Atom) -> Poly:
+        if a in cache:
+            return cache[a]
+        if isinstance(a, Sym):
+            v = binding.get(a.name)
+            out = Poly.of(v) if v is not None else Poly.atom(a)
+        else:
+            assert isinstance(a, _Binary)
+            out = _REBUILD[type(a)](substitute(a.a, binding), substitute(a.b, binding))
+        cache[a] = out
+        return out
+
+    total = ZERO
+    for mono, coef in p.terms:
+        term = Poly.const(coef)
+        for a in mono:
+            term = term * atom_value(a)
+        total = total + term
+    return total
+
+
+def evaluate(p: Poly, binding: Mapping[str, int]) -> int:
+    """The integer value of p at a complete binding of its symbols."""
+    out = substitute(p, binding)
+    if not out.is_const:
+        missing = ", ".join(s.name for s in out.symbols())
+        raise KeyError(f"{format_poly(p)} has unbound generics: {missing}")
+    return out.value
+
+
+# -------------------------------------------------------------------------------------- printing
+
+
+class AtomOrder:
+    """The order in which a block first uses its atoms; terms print in this order.
+
+    Atoms that were never registered sort after the registered ones, in creation order.
+    """
+
+    def __init__(self) -> None:
+        self._index: dict[Atom, int] = {}
+
+    def register(self, p: Poly) -> None:
+        for a in p.atoms():
+            self._index.setdefault(a, len(self._index))
+
+    def register_atom(self, a: Atom) -> None:
+        self._index.setdefault(a, len(self._index))
+
+    def key(self, a: Atom) -> tuple[int, int]:
+        i = self._index.get(a)
+        return (0, i) if i is not None else (1, a.id)
+
+    def copy(self) -> AtomOrder:
+        out = AtomOrder()
+        out._index = dict(self._index)
+        return out
+
+
+_DEFAULT_ORDER = AtomOrder()
+
+
+def format_poly(p: Poly, order: AtomOrder | None = None) -> str:
+    """Print as the seeds do: constant first, then terms in atom order, ``c * X``, ``a / b``."""
+    order = order or _DEFAULT_ORDER
+    if not p.terms:
+        return "0"
+    const = p.const_term()
+    rest = [(tuple(sorted(m, key=order.key)), c) for m, c in p.terms if m]
+    rest.sort(key=lambda t: [order.key(a) for a in t[0]])
+    parts = [str(const)] if const else []
+    for mono, coef in rest:
+        alone = coef == 1 and len(mono) == 1
+        factors = [_format_atom(a, order, alone) for a in mono]
+        if coef != 1:
+            factors.insert(0, str(coef))
+        parts.append(" * ".join(factors))
+    return " + ".join(parts)
+
+
+def _format_operand(p: Poly, order: AtomOrder) -> str:
+    simple = p.is_const and p.value >= 0 or isinstance(p.as_atom(), Sym)
+    text = format_poly(p, order)
+    return text if simple else f"({text})"
+
+
+def _format_atom(a: Atom, order: AtomOrder, alone: bool) -> str:
+    if isinstance(a, Sym):
+        return a.name
+    assert isinstance(a, _Binary)
+    if isinstance(a, (Min, Max)):
+        name = "min" if isinstance(a, Min) else "max"
+        return f"{name}({format_poly(a.a, order)}, {format_poly(a.b, order)})"
+    op = "/" if isinstance(a, FloorDiv) else "%"
+    text = f"{_format_operand(a.a, order)} {op} {_format_operand(a.b, order)}"
+    return text if alone else f"({text})"

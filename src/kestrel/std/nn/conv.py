@@ -1,0 +1,60 @@
+"""``std.nn.conv``: convolutions with square and rectangular kernels."""
+
+from ...blocks import Block, Dim, Float, Param, f32, optional
+from .. import ops
+
+
+class Conv1d(Block, module="std.nn.conv"):
+    Cin: Dim
+    Cout: Dim
+    K: Dim
+    Stride: Dim
+    Pad: Dim
+    T: Float = f32
+    where = "Stride > 0, K > 0"
+
+    weight: Param["Cout, Cin, K; T"]
+    bias: Param["Cout; T", optional]
+
+    def forward(self, x: "Tensor[B, Cin, L; T]") -> "Tensor[B, Cout, (L + 2 * Pad - K) / Stride + 1; T]":
+        return ops.conv1d(x, self.weight, self.bias, stride=self.Stride, padding=self.Pad)
+
+
+class Conv2d(Block, module="std.nn.conv"):
+    Cin: Dim
+    Cout: Dim
+    K: Dim
+    Stride: Dim
+    Pad: Dim
+    T: Float = f32
+    where = "Stride > 0, K > 0"
+
+    weight: Param["Cout, Cin, K, K; T"]
+    bias: Param["Cout; T", optional]
+
+    def forward(
+        self, x: "Tensor[B, Cin, H, W; T]"
+    ) -> "Tensor[B, Cout, (H + 2 * Pad - K) / Stride + 1, (W + 2 * Pad - K) / Stride + 1; T]":
+        return ops.conv2d(x, self.weight, self.bias, stride=self.Stride, padding=self.Pad)
+
+
+class Conv2dRect(Block, module="std.nn.conv"):
+    Cin: Dim
+    Cout: Dim
+    KH: Dim
+    KW: Dim
+    StrideH: Dim
+    StrideW: Dim
+    PadH: Dim
+    PadW: Dim
+    T: Float = f32
+    where = "StrideH > 0, StrideW > 0, KH > 0, KW > 0"
+
+    weight: Param["Cout, Cin, KH, KW; T"]
+    bias: Param["Cout; T", optional]
+
+    def forward(
+        self, x: "Tensor[B, Cin, H, W; T]"
+    ) -> "Tensor[B, Cout, (H + 2 * PadH - KH) / StrideH + 1, (W + 2 * PadW - KW) / StrideW + 1; T]":
+        return ops.conv2d(x, self.weight, self.bias, stride=(self.StrideH, self.StrideW),
+                          padding=(self.PadH, self.PadW))

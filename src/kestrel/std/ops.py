@@ -1,0 +1,863 @@
+"""The standard ops: each a torch kernel (what runs) and a shape rule (what the checker proves).
+
+Kernels are thin calls of torch, so eager speed is torch's and ``torch.compile``/``torch.export``
+see plain aten ops. Rules compute the result type from the argument types and raise
+:class:`ShapeError` naming both shapes when they do not fit. Tensor methods (``x.reshape``,
+``x + y``, ``x[:, 0]``) under the checker are registered here too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..checker.symbolic import (
+    METHODS,
+    ShapeError,
+    SymDim,
+    SymTensor,
+    as_poly,
+    current,
+    fmt,
+    op,
+    record,
+    require_positive,
+)
+from ..shapes.poly import ONE, Poly, floordiv, maximum, minimum
+from ..types.dtypes import DType, DTypeVar, f32
+from ..types.tensor import TensorType, Variadic
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def _t(x: SymTensor, dims: Sequence[Poly | Variadic], dtype: DType | DTypeVar | None = None) -> SymTensor:
+    return SymTensor(TensorType(tuple(dims), dtype if dtype is not None else x.dtype))
+
+
+def same(a: Poly, b: Poly, what: str, x: SymTensor, y: SymTensor | None = None) -> None:
+    """Prove a == b, or fail naming both shapes and the dims that differ."""
+    if current().facts.equal(a, b):
+        return
+    shapes = f"{x.show()} and {y.show()}" if y is not None else x.show()
+    raise ShapeError(f"{what}: {fmt(a)} vs {fmt(b)} ({shapes})", hint=f"{fmt(a)} == {fmt(b)}")
+
+
+def same_dtype(x: SymTensor, y: SymTensor, what: str) -> None:
+    if x.dtype != y.dtype:
+        raise ShapeError(f"{what}: dtype {x.dtype} vs {y.dtype} ({x.show()} and {y.show()})")
+
+
+def float_dtype(x: SymTensor, what: str) -> None:
+    d = x.dtype
+    kind = d.kind if isinstance(d, DType | DTypeVar) else None
+    if kind not in ("Float",):
+        raise ShapeError(f"{what} needs a floating-point tensor, got {x.show()}")
+
+
+def axis(x: SymTensor, dim: int, rank: int | None = None) -> int:
+    n = rank if rank is not None else len(x.fixed_dims())
+    if not -n <= dim < n:
+        raise ShapeError(f"axis {dim} is out of range for {x.show()} ({n} axes)")
+    return dim % n
+
+
+def last_dim(x: SymTensor, what: str) -> Poly:
+    if not x.dims or isinstance(x.dims[-1], Variadic):
+        raise ShapeError(f"{what} needs a last axis, got {x.show()}")
+    return x.dims[-1]  # type: ignore[return-value]
+
+
+def broadcast_dims(x: Sequence[Poly | Variadic], y: Sequence[Poly | Variadic], what: str,
+                   xs: str, ys: str) -> list[Poly | Variadic]:
+    facts = current().facts
+    out: list[Poly | Variadic] = []
+    i, j = len(x) - 1, len(y) - 1
+    while i >= 0 or j >= 0:
+        a = x[i] if i >= 0 else None
+        b = y[j] if j >= 0 else None
+        if isinstance(a, Variadic) or isinstance(b, Variadic):
+            # a variadic run passes through only against nothing or the same run
+            if a is not None and b is not None and a != b:
+                raise ShapeError(f"{what}: cannot broadcast {xs} with {ys}: {a} against {b}")
+            rest = list(x[: i + 1]) if isinstance(a, Variadic) else list(y[: j + 1])
+            return rest + list(reversed(out))
+        if a is None:
+            out.append(b)  # type: ignore[arg-type]
+        elif b is None:
+            out.append(a)
+        elif facts.equal(a, b) or b == ONE:
+            out.append(a)
+        elif a == ONE:
+            out.append(b)
+        else:
+            raise ShapeError(f"{what}: cannot broadcast {xs} with {ys}: {fmt(a)} against {fmt(b)}",
+                             hint=f"{fmt(a)} == {fmt(b)}")
+        i, j = i - 1, j - 1
+    return list(reversed(out))
+
+
+def _dims_arg(shape: Sequence[Any]) -> list[Poly]:
+    if len(shape) == 1 and isinstance(shape[0], list | tuple):
+        shape = shape[0]
+    return [as_poly(s) for s in shape]
+
+
+# -------------------------------------------------------------------------------- elementwise
+
+
+def _binary(name: str, torch_fn: Any) -> Any:
+    @op(name)
+    def kernel(x: Any, y: Any) -> Any:
+        return torch_fn(x, y)
+
+    @kernel.rule
+    def _(x: Any, y: Any) -> SymTensor:
+        if isinstance(x, SymTensor) and isinstance(y, SymTensor):
+            same_dtype(x, y, name)
+            dims = broadcast_dims(x.dims, y.dims, name, x.show(), y.show())
+            return _t(x, dims)
+        t = x if isinstance(x, SymTensor) else y
+        other = y if t is x else x
+        if isinstance(other, SymDim):
+            raise ShapeError(f"{name} of a tensor and the dimension {other}: convert it with a std op")
+        if not isinstance(other, int | float):
+            raise ShapeError(f"{name} of a tensor and a {type(other).__name__}")
+        return _t(t, t.dims)
+
+    return kernel
+
+
+add = _binary("add", torch.add)
+sub = _binary("sub", torch.sub)
+mul = _binary("mul", torch.mul)
+div = _binary("div", torch.div)
+
+
+def _unary(name: str, torch_fn: Any, needs_float: bool = True) -> Any:
+    @op(name)
+    def kernel(x: torch.Tensor) -> torch.Tensor:
+        return torch_fn(x)
+
+    @kernel.rule
+    def _(x: SymTensor) -> SymTensor:
+        if needs_float:
+            float_dtype(x, name)
+        return _t(x, x.dims)
+
+    return kernel
+
+
+relu = _unary("relu", F.relu)
+sigmoid = _unary("sigmoid", torch.sigmoid)
+silu = _unary("silu", F.silu)
+tanh = _unary("tanh", torch.tanh)
+exp = _unary("exp", torch.exp)
+sin = _unary("sin", torch.sin)
+cos = _unary("cos", torch.cos)
+
+
+@op("gelu")
+def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """GELU, exact (erf) by default or ``approximate="tanh"``."""
+    return F.gelu(x, approximate=approximate)
+
+
+@gelu.rule
+def _(x: SymTensor, approximate: str = "none") -> SymTensor:
+    if approximate not in ("none", "tanh"):
+        raise ShapeError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    float_dtype(x, "gelu")
+    return _t(x, x.dims)
+
+
+# ----------------------------------------------------------------------------- linear algebra
+
+
+@op("linear")
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` over the last axis: ``[*S, In] -> [*S, Out]``."""
+    return F.linear(x, weight, bias)
+
+
+@linear.rule
+def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None) -> SymTensor:
+    w = weight.fixed_dims("linear's weight")
+    if len(w) != 2:
+        raise ShapeError(f"linear: weight must be [Out, In], got {weight.show()}")
+    same(last_dim(x, "linear"), w[1], "linear: the contraction dimension differs", x, weight)
+    same_dtype(x, weight, "linear")
+    if bias is not None:
+        b = bias.fixed_dims("linear's bias")
+        if len(b) != 1:
+            raise ShapeError(f"linear: bias must be [Out], got {bias.show()}")
+        same(b[0], w[0], "linear: bias length differs from the output features", bias, weight)
+    return _t(x, [*x.dims[:-1], w[0]])
+
+
+@op("matmul")
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Matrix product with batch broadcasting: ``[..., M, K] @ [..., K, N] -> [..., M, N]``."""
+    return torch.matmul(a, b)
+
+
+@matmul.rule
+def _(a: SymTensor, b: SymTensor) -> SymTensor:
+    same_dtype(a, b, "matmul")
+    da, db = a.fixed_dims("matmul"), b.fixed_dims("matmul")
+    if len(da) < 1 or len(db) < 1:
+        raise ShapeError(f"matmul of a scalar: {a.show()} @ {b.show()}")
+    if len(db) == 1:
+        same(da[-1], db[0], "matmul: the contraction dimension differs", a, b)
+        return _t(a, da[:-1])
+    if len(da) == 1:
+        same(da[0], db[-2], "matmul: the contraction dimension differs", a, b)
+        return _t(a, [*db[:-2], db[-1]])
+    same(da[-1], db[-2], "matmul: the contraction dimension differs", a, b)
+    batch = broadcast_dims(da[:-2], db[:-2], "matmul batch", a.show(), b.show())
+    return _t(a, [*batch, da[-2], db[-1]])
+
+
+bmm = matmul
+
+
+# ----------------------------------------------------------------------------------- convolution
+
+
+def _conv_out(size: Poly, k: Poly, stride: Poly, pad: Poly) -> Poly:
+    require_positive(stride)
+    return floordiv(size + 2 * pad - k, stride) + 1
+
+
+@op("conv2d")
+def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           stride: Any = 1, padding: Any = 0) -> torch.Tensor:
+    """2-D convolution, square or rectangular kernel: ``[B, Cin, H, W] -> [B, Cout, H', W']``."""
+    return F.conv2d(x, weight, bias, stride=stride, padding=padding)
+
+
+def _pair(v: Any) -> tuple[Any, Any]:
+    return (v[0], v[1]) if isinstance(v, tuple | list) else (v, v)
+
+
+@conv2d.rule
+def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None, stride: Any = 1,
+      padding: Any = 0) -> SymTensor:
+    dx, dw = x.fixed_dims("conv2d"), weight.fixed_dims("conv2d")
+    if len(dx) != 4 or len(dw) != 4:
+        raise ShapeError(f"conv2d takes [B, Cin, H, W] and [Cout, Cin, KH, KW], got {x.show()} and {weight.show()}")
+    same(dx[1], dw[1], "conv2d: input channels differ", x, weight)
+    same_dtype(x, weight, "conv2d")
+    if bias is not None:
+        same(bias.fixed_dims()[0], dw[0], "conv2d: bias length differs from the output channels", bias, weight)
+    (sh, sw), (ph, pw) = _pair(stride), _pair(padding)
+    h = _conv_out(dx[2], dw[2], as_poly(sh), as_poly(ph))
+    w = _conv_out(dx[3], dw[3], as_poly(sw), as_poly(pw))
+    return _t(x, [dx[0], dw[0], h, w])
+
+
+@op("conv1d")
+def conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           stride: Any = 1, padding: Any = 0) -> torch.Tensor:
+    """1-D convolution: ``[B, Cin, L] -> [B, Cout, L']``."""
+    return F.conv1d(x, weight, bias, stride=stride, padding=padding)
+
+
+@conv1d.rule
+def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None, stride: Any = 1,
+      padding: Any = 0) -> SymTensor:
+    dx, dw = x.fixed_dims("conv1d"), weight.fixed_dims("conv1d")
+    if len(dx) != 3 or len(dw) != 3:
+        raise ShapeError(f"conv1d takes [B, Cin, L] and [Cout, Cin, K], got {x.show()} and {weight.show()}")
+    same(dx[1], dw[1], "conv1d: input channels differ", x, weight)
+    if bias is not None:
+        same(bias.fixed_dims()[0], dw[0], "conv1d: bias length differs from the output channels", bias, weight)
+    return _t(x, [dx[0], dw[0], _conv_out(dx[2], dw[2], as_poly(stride), as_poly(padding))])
+
+
+@op("conv_transpose2x2")
+def conv_transpose2x2(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Transposed 2x2 convolution with stride 2: ``[B, Cin, H, W] -> [B, Cout, 2H, 2W]``."""
+    return F.conv_transpose2d(x, weight, bias, stride=2)
+
+
+@conv_transpose2x2.rule
+def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None) -> SymTensor:
+    dx, dw = x.fixed_dims("conv_transpose2x2"), weight.fixed_dims("conv_transpose2x2")
+    if len(dx) != 4 or len(dw) != 4 or dw[2] != Poly.const(2) or dw[3] != Poly.const(2):
+        raise ShapeError(f"conv_transpose2x2 takes [B, Cin, H, W] and [Cin, Cout, 2, 2], got "
+                         f"{x.show()} and {weight.show()}")
+    same(dx[1], dw[0], "conv_transpose2x2: input channels differ", x, weight)
+    return _t(x, [dx[0], dw[1], 2 * dx[2], 2 * dx[3]])
+
+
+# ------------------------------------------------------------------------------- normalisation
+
+
+@op("layer_norm")
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+               eps: float = 1e-5) -> torch.Tensor:
+    """Layer norm over the last axis."""
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+@layer_norm.rule
+def _(x: SymTensor, weight: SymTensor | None, bias: SymTensor | None, eps: float = 1e-5) -> SymTensor:
+    d = last_dim(x, "layer_norm")
+    for p in (weight, bias):
+        if p is not None:
+            same(p.fixed_dims()[0], d, "layer_norm: parameter length differs from the last axis", p, x)
+    float_dtype(x, "layer_norm")
+    return _t(x, x.dims)
+
+
+@op("layer_norm_chw")
+def layer_norm_chw(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Layer norm over the channel axis of ``[B, C, H, W]`` (SAM's channels-first norm)."""
+    mean = x.mean(1, keepdim=True)
+    var = (x - mean).pow(2).mean(1, keepdim=True)
+    y = (x - mean) / torch.sqrt(var + eps)
+    return weight[:, None, None] * y + bias[:, None, None]
+
+
+@layer_norm_chw.rule
+def _(x: SymTensor, weight: SymTensor, bias: SymTensor, eps: float = 1e-6) -> SymTensor:
+    d = x.fixed_dims("layer_norm_chw")
+    if len(d) != 4:
+        raise ShapeError(f"layer_norm_chw takes [B, C, H, W], got {x.show()}")
+    for p in (weight, bias):
+        same(p.fixed_dims()[0], d[1], "layer_norm_chw: parameter length differs from the channels", p, x)
+    return _t(x, x.dims)
+
+
+@op("rms_norm")
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """RMS norm over the last axis, computed in f32."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+@rms_norm.rule
+def _(x: SymTensor, weight: SymTensor, eps: float = 1e-6) -> SymTensor:
+    same(weight.fixed_dims()[0], last_dim(x, "rms_norm"), "rms_norm: weight length differs from the last axis",
+         weight, x)
+    return _t(x, x.dims)
+
+
+@op("l2_normalize")
+def l2_normalize(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """``x / ||x||`` along ``dim``, as the reference divides by the norm."""
+    return x / x.norm(p=2, dim=dim, keepdim=True)
+
+
+@l2_normalize.rule
+def _(x: SymTensor, dim: int = -1) -> SymTensor:
+    float_dtype(x, "l2_normalize")
+    return _t(x, x.dims)
+
+
+@op("softmax")
+def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    return torch.softmax(x, dim=dim)
+
+
+@softmax.rule
+def _(x: SymTensor, dim: int = -1) -> SymTensor:
+    float_dtype(x, "softmax")
+    if x.type.rank is not None:
+        axis(x, dim)
+    return _t(x, x.dims)
+
+
+# ---------------------------------------------------------------------------------- attention
+
+
+@op("attention")
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None,
+              mask: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+    """Scaled dot-product attention ``softmax(q k^T * scale + bias) v`` over ``[..., N, Dh]``.
+
+    ``bias`` is added to the scores; ``mask`` (bool) keeps the positions where it is True.
+    Runs torch's fused kernel, which never materialises the scores when there is no bias.
+    """
+    if mask is not None:
+        bias = (bias if bias is not None else 0) + torch.zeros_like(mask, dtype=q.dtype).masked_fill(
+            ~mask, float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+
+
+@attention.rule
+def _(q: SymTensor, k: SymTensor, v: SymTensor, bias: SymTensor | None = None, mask: SymTensor | None = None,
+      scale: float | None = None) -> SymTensor:
+    dq, dk, dv = q.fixed_dims("attention"), k.fixed_dims("attention"), v.fixed_dims("attention")
+    if not (len(dq) == len(dk) == len(dv) and len(dq) >= 2):
+        raise ShapeError(f"attention needs q, k, v of one rank >= 2, got {q.show()}, {k.show()}, {v.show()}")
+    same(dq[-1], dk[-1], "attention: query and key head widths differ", q, k)
+    same(dk[-2], dv[-2], "attention: key and value lengths differ", k, v)
+    for a, b in zip(dq[:-2], dk[:-2]):
+        same(a, b, "attention: batch axes of query and key differ", q, k)
+    same_dtype(q, k, "attention")
+    same_dtype(k, v, "attention")
+    scores = [*dq[:-1], dk[-2]]
+    for extra, name in ((bias, "bias"), (mask, "mask")):
+        if extra is not None:
+            broadcast_dims(scores, extra.fixed_dims(), f"attention {name}", f"scores [{_show(scores)}]", extra.show())
+    return _t(q, [*dq[:-1], dv[-1]])
+
+
+def _show(dims: Sequence[Poly]) -> str:
+    return ", ".join(fmt(d) for d in dims)
+
+
+# --------------------------------------------------------------------------------- layout ops
+
+
+@op("reshape")
+def reshape(x: torch.Tensor, *shape: Any) -> torch.Tensor:
+    return x.reshape(*shape)
+
+
+def _numel(dims: Sequence[Poly]) -> Poly:
+    out = ONE
+    for d in dims:
+        out = out * d
+    return out
+
+
+@reshape.rule
+def _(x: SymTensor, *shape: Any) -> SymTensor:
+    src = x.fixed_dims("reshape")
+    target: list[Poly | None] = []
+    raw = shape[0] if len(shape) == 1 and isinstance(shape[0], list | tuple) else shape
+    for s in raw:
+        target.append(None if (isinstance(s, int) and s == -1) else as_poly(s))
+    facts = current().facts
+    total = _numel(src)
+    if target.count(None) > 1:
+        raise ShapeError(f"reshape of {x.show()}: at most one -1")
+    if None in target:
+        known = _numel([t for t in target if t is not None])
+        if not facts.divides(known, total):
+            raise ShapeError(f"reshape of {x.show()} to [{_show_target(target)}]: cannot prove {fmt(known)} "
+                             f"divides {fmt(total)}", hint=f"{fmt(total)} % {fmt(known)} == 0")
+        require_positive(known)
+        target[target.index(None)] = floordiv(total, known)
+    dims: list[Poly] = [t for t in target if t is not None]
+    if not facts.equal(_numel(dims), total):
+        hint = _divisibility_hint(dims)
+        raise ShapeError(f"reshape of {x.show()} to [{_show(dims)}]: element counts {fmt(total)} and "
+                         f"{fmt(_numel(dims))} cannot be proved equal", hint=hint)
+    return _t(x, dims)
+
+
+def _show_target(t: Sequence[Poly | None]) -> str:
+    return ", ".join("-1" if d is None else fmt(d) for d in t)
+
+
+def _divisibility_hint(dims: Sequence[Poly]) -> str | None:
+    from ..shapes.poly import FloorDiv
+
+    for d in dims:
+        for a in d.atoms():
+            if isinstance(a, FloorDiv):
+                return f"{fmt(a.a)} % {fmt(a.b)} == 0"
+    return None
+
+
+view = reshape
+
+
+@op("permute")
+def permute(x: torch.Tensor, *order: int) -> torch.Tensor:
+    return x.permute(*order)
+
+
+@permute.rule
+def _(x: SymTensor, *order: Any) -> SymTensor:
+    d = x.fixed_dims("permute")
+    order_ = tuple(order[0]) if len(order) == 1 and isinstance(order[0], list | tuple) else order
+    if sorted(o % len(d) for o in order_) != list(range(len(d))):
+        raise ShapeError(f"permute{order_} is not a permutation of the {len(d)} axes of {x.show()}")
+    return _t(x, [d[o] for o in order_])
+
+
+@op("transpose")
+def transpose(x: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    return x.transpose(a, b)
+
+
+@transpose.rule
+def _(x: SymTensor, a: int, b: int) -> SymTensor:
+    d = x.fixed_dims("transpose")
+    i, j = axis(x, a), axis(x, b)
+    d[i], d[j] = d[j], d[i]
+    return _t(x, d)
+
+
+@op("flatten")
+def flatten(x: torch.Tensor, start: int = 0, end: int = -1) -> torch.Tensor:
+    return x.flatten(start, end)
+
+
+@flatten.rule
+def _(x: SymTensor, start: int = 0, end: int = -1) -> SymTensor:
+    d = x.fixed_dims("flatten")
+    i, j = axis(x, start), axis(x, end)
+    return _t(x, [*d[:i], _numel(d[i: j + 1]), *d[j + 1:]])
+
+
+@op("unsqueeze")
+def unsqueeze(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return x.unsqueeze(dim)
+
+
+@unsqueeze.rule
+def _(x: SymTensor, dim: int) -> SymTensor:
+    d = x.fixed_dims("unsqueeze")
+    i = axis(x, dim, len(d) + 1)
+    return _t(x, [*d[:i], ONE, *d[i:]])
+
+
+@op("squeeze")
+def squeeze(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return x.squeeze(dim)
+
+
+@squeeze.rule
+def _(x: SymTensor, dim: int) -> SymTensor:
+    d = x.fixed_dims("squeeze")
+    i = axis(x, dim)
+    same(d[i], ONE, f"squeeze: axis {dim} is not of size 1", x)
+    return _t(x, d[:i] + d[i + 1:])
+
+
+@op("expand")
+def expand(x: torch.Tensor, *sizes: Any) -> torch.Tensor:
+    return x.expand(*sizes)
+
+
+@expand.rule
+def _(x: SymTensor, *sizes: Any) -> SymTensor:
+    d = x.fixed_dims("expand")
+    raw = sizes[0] if len(sizes) == 1 and isinstance(sizes[0], list | tuple) else sizes
+    if len(raw) < len(d):
+        raise ShapeError(f"expand of {x.show()} to {len(raw)} axes")
+    out: list[Poly] = []
+    offset = len(raw) - len(d)
+    for i, s in enumerate(raw):
+        cur = d[i - offset] if i >= offset else None
+        if isinstance(s, int) and s == -1:
+            if cur is None:
+                raise ShapeError(f"expand: -1 for a new leading axis of {x.show()}")
+            out.append(cur)
+            continue
+        want = as_poly(s)
+        if cur is not None and cur != ONE:
+            same(cur, want, f"expand: axis {i - offset} is not 1 and differs", x)
+        out.append(want)
+    return _t(x, out)
+
+
+@op("cat")
+def cat(xs: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
+    """Concatenate along ``dim``; every other axis must agree."""
+    return torch.cat(list(xs), dim=dim)
+
+
+@cat.rule
+def _(xs: Sequence[SymTensor], dim: int = 0) -> SymTensor:
+    first = xs[0]
+    d0 = first.fixed_dims("cat")
+    i = axis(first, dim)
+    total = d0[i]
+    for x in xs[1:]:
+        d = x.fixed_dims("cat")
+        if len(d) != len(d0):
+            raise ShapeError(f"cat: ranks differ: {first.show()} and {x.show()}")
+        same_dtype(first, x, "cat")
+        for k, (a, b) in enumerate(zip(d0, d)):
+            if k != i:
+                same(a, b, f"cat along axis {dim}: axis {k} differs", first, x)
+        total = total + d[i]
+    out = list(d0)
+    out[i] = total
+    return _t(first, out)
+
+
+@op("stack")
+def stack(xs: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
+    return torch.stack(list(xs), dim=dim)
+
+
+@stack.rule
+def _(xs: Sequence[SymTensor], dim: int = 0) -> SymTensor:
+    d0 = xs[0].fixed_dims("stack")
+    for x in xs[1:]:
+        for a, b in zip(d0, x.fixed_dims("stack")):
+            same(a, b, "stack: shapes differ", xs[0], x)
+    i = axis(xs[0], dim, len(d0) + 1)
+    return _t(xs[0], [*d0[:i], Poly.const(len(xs)), *d0[i:]])
+
+
+@op("split")
+def split(x: torch.Tensor, sizes: Sequence[Any], dim: int = -1) -> tuple[torch.Tensor, ...]:
+    """Split into consecutive pieces of the given sizes along ``dim``."""
+    return torch.split(x, list(sizes), dim=dim)
+
+
+@split.rule
+def _(x: SymTensor, sizes: Sequence[Any], dim: int = -1) -> tuple[SymTensor, ...]:
+    d = x.fixed_dims("split")
+    i = axis(x, dim)
+    parts = [as_poly(s) for s in sizes]
+    same(_sum(parts), d[i], "split: the pieces do not add up to the axis", x)
+    return tuple(_t(x, [*d[:i], p, *d[i + 1:]]) for p in parts)
+
+
+def _sum(ps: Sequence[Poly]) -> Poly:
+    out = Poly()
+    for p in ps:
+        out = out + p
+    return out
+
+
+@op("pad")
+def pad(x: torch.Tensor, pads: Sequence[Any], value: float = 0.0) -> torch.Tensor:
+    """Constant padding, ``pads`` as torch orders it: last axis first, (before, after) pairs."""
+    return F.pad(x, [int(p) for p in pads], value=value)
+
+
+@pad.rule
+def _(x: SymTensor, pads: Sequence[Any], value: float = 0.0) -> SymTensor:
+    d = x.fixed_dims("pad")
+    if len(pads) % 2 or len(pads) // 2 > len(d):
+        raise ShapeError(f"pad: {len(pads)} values for {x.show()}")
+    facts = current().facts
+    for k in range(len(pads) // 2):
+        before, after = as_poly(pads[2 * k]), as_poly(pads[2 * k + 1])
+        for p in (before, after):
+            if not facts.nonneg(p):
+                raise ShapeError(f"pad: cannot prove the padding {fmt(p)} is nonnegative", hint=f"{fmt(p)} >= 0")
+        d[len(d) - 1 - k] = d[len(d) - 1 - k] + before + after
+    return _t(x, d)
+
+
+@op("repeat")
+def repeat(x: torch.Tensor, *times: Any) -> torch.Tensor:
+    return x.repeat(*times)
+
+
+@repeat.rule
+def _(x: SymTensor, *times: Any) -> SymTensor:
+    d = x.fixed_dims("repeat")
+    t = [as_poly(s) for s in times]
+    if len(t) < len(d):
+        raise ShapeError(f"repeat of {x.show()} with {len(t)} factors")
+    d = [ONE] * (len(t) - len(d)) + d
+    return _t(x, [a * b for a, b in zip(d, t)])
+
+
+# ------------------------------------------------------------------------------- indexing
+
+
+def _slice_len(size: Poly, s: slice) -> Poly:
+    facts = current().facts
+    if s.step not in (None, 1):
+        step = as_poly(s.step)
+        require_positive(step)
+    else:
+        step = ONE
+    start = as_poly(0 if s.start is None else s.start)
+    stop = size if s.stop is None else as_poly(s.stop)
+    if start.is_const and start.value < 0:
+        start = size + start
+    if stop.is_const and stop.value < 0:
+        stop = size + stop
+    for bound, name in ((start, "start"), (stop, "stop")):
+        if not (facts.nonneg(bound) and facts.nonneg(size - bound)):
+            raise ShapeError(f"slice {name} {fmt(bound)} may be outside an axis of length {fmt(size)}",
+                             hint=f"{fmt(size)} >= {fmt(bound)}")
+    if not facts.nonneg(stop - start):
+        raise ShapeError(f"slice {fmt(start)}:{fmt(stop)} may be empty or reversed", hint=f"{fmt(stop)} >= {fmt(start)}")
+    return floordiv(stop - start + step - 1, step)
+
+
+def getitem(x: SymTensor, index: Any) -> SymTensor:
+    """``x[...]`` with ints, slices, ``None`` and ``...`` under the checker."""
+    idx = index if isinstance(index, tuple) else (index,)
+    d = x.fixed_dims("indexing")
+    n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
+    if n_real > len(d):
+        raise ShapeError(f"too many indices ({n_real}) for {x.show()}")
+    if Ellipsis in idx:
+        k = idx.index(Ellipsis)
+        idx = idx[:k] + (slice(None),) * (len(d) - n_real) + idx[k + 1:]
+    out: list[Poly] = []
+    facts = current().facts
+    pos = 0
+    for i in idx:
+        if i is None:
+            out.append(ONE)
+            continue
+        size = d[pos]
+        pos += 1
+        if isinstance(i, slice):
+            out.append(_slice_len(size, i))
+        elif isinstance(i, int | SymDim):
+            p = as_poly(i)
+            ok = facts.positive(size + p) if (p.is_const and p.value < 0) else facts.positive(size - p)
+            if not ok:
+                raise ShapeError(f"index {fmt(p)} may be out of range for an axis of length {fmt(size)} "
+                                 f"in {x.show()}", hint=f"{fmt(size)} > {fmt(p)}")
+        else:
+            raise ShapeError(f"indexing with a {type(i).__name__}: use the gather op")
+    out.extend(d[pos:])
+    result = _t(x, out)
+    record("getitem", [x], [result], detail=str(index))
+    return result
+
+
+@op("gather")
+def gather(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows of ``table`` at integer ``index``: ``[V, *R]`` at ``[*S] -> [*S, *R]``."""
+    return table[index]
+
+
+@gather.rule
+def _(table: SymTensor, index: SymTensor) -> SymTensor:
+    if not (isinstance(index.dtype, DType | DTypeVar) and index.dtype.kind == "Int"):
+        raise ShapeError(f"gather: the index must be an integer tensor, got {index.show()}")
+    d = table.fixed_dims("gather")
+    return _t(table, [*index.dims, *d[1:]])
+
+
+@op("embedding")
+def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Rows of an embedding table: ``[*S] (int) -> [*S, H]``."""
+    return F.embedding(ids, weight)
+
+
+@embedding.rule
+def _(ids: SymTensor, weight: SymTensor) -> SymTensor:
+    if not (isinstance(ids.dtype, DType | DTypeVar) and ids.dtype.kind == "Int"):
+        raise ShapeError(f"embedding: ids must be integers, got {ids.show()}")
+    w = weight.fixed_dims("embedding")
+    return _t(weight, [*ids.dims, w[1]])
+
+
+# -------------------------------------------------------------------------------- reductions
+
+
+def _reduce(name: str, torch_fn: Any) -> Any:
+    @op(name)
+    def kernel(x: torch.Tensor, dim: int | Sequence[int], keepdim: bool = False) -> torch.Tensor:
+        return torch_fn(x, dim=dim, keepdim=keepdim)
+
+    @kernel.rule
+    def _(x: SymTensor, dim: int | Sequence[int], keepdim: bool = False) -> SymTensor:
+        d = x.fixed_dims(name)
+        axes = {axis(x, a) for a in (dim if isinstance(dim, list | tuple) else [dim])}
+        out = [ONE if i in axes else s for i, s in enumerate(d)] if keepdim else [
+            s for i, s in enumerate(d) if i not in axes]
+        return _t(x, out)
+
+    return kernel
+
+
+sum_ = _reduce("sum", torch.sum)
+mean = _reduce("mean", torch.mean)
+amax = _reduce("amax", torch.amax)
+
+
+# ------------------------------------------------------------------------------ resampling
+
+
+@op("interpolate")
+def interpolate(x: torch.Tensor, size: tuple[Any, Any] | None = None, scale_factor: Any = None,
+                mode: str = "bilinear", align_corners: bool | None = None, antialias: bool = False) -> torch.Tensor:
+    """Resize ``[B, C, H, W]`` as torch does (nearest, bilinear, bicubic; align_corners, antialias)."""
+    return F.interpolate(x, size=size, scale_factor=scale_factor, mode=mode, align_corners=align_corners,
+                         antialias=antialias)
+
+
+@interpolate.rule
+def _(x: SymTensor, size: tuple[Any, Any] | None = None, scale_factor: Any = None, mode: str = "bilinear",
+      align_corners: bool | None = None, antialias: bool = False) -> SymTensor:
+    if mode not in ("nearest", "bilinear", "bicubic"):
+        raise ShapeError(f"interpolate: mode {mode!r} is not one of nearest, bilinear, bicubic")
+    d = x.fixed_dims("interpolate")
+    if len(d) != 4:
+        raise ShapeError(f"interpolate takes [B, C, H, W], got {x.show()}")
+    if size is None:
+        if not isinstance(scale_factor, int):
+            raise ShapeError("interpolate: give an output size (a float scale factor has no exact shape)")
+        return _t(x, [d[0], d[1], d[2] * scale_factor, d[3] * scale_factor])
+    h, w = _pair(size)
+    return _t(x, [d[0], d[1], as_poly(h), as_poly(w)])
+
+
+@op("max_pool2d")
+def max_pool2d(x: torch.Tensor, kernel: int, stride: int | None = None) -> torch.Tensor:
+    return F.max_pool2d(x, kernel, stride if stride is not None else kernel)
+
+
+@max_pool2d.rule
+def _(x: SymTensor, kernel: int, stride: int | None = None) -> SymTensor:
+    d = x.fixed_dims("max_pool2d")
+    s = as_poly(stride if stride is not None else kernel)
+    k = as_poly(kernel)
+    return _t(x, [*d[:-2], _conv_out(d[-2], k, s, Poly()), _conv_out(d[-1], k, s, Poly())])
+
+
+# ----------------------------------------------------------------------------------- dtypes
+
+
+@op("cast")
+def cast(x: torch.Tensor, dtype: DType) -> torch.Tensor:
+    return x.to(dtype.torch)
+
+
+@cast.rule
+def _(x: SymTensor, dtype: DType | DTypeVar) -> SymTensor:
+    return _t(x, x.dims, dtype)
+
+
+@op("arange_like")
+def arange_like(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``[0, 1, ..., n-1]`` in the dtype and on the device of ``x``."""
+    return torch.arange(n, dtype=x.dtype, device=x.device)
+
+
+@arange_like.rule
+def _(x: SymTensor, n: Any) -> SymTensor:
+    return _t(x, [as_poly(n)])
+
+
+# ------------------------------------------------------------------------- tensor methods
+
+METHODS.update({
+    "add": add, "sub": sub, "mul": mul, "div": div, "matmul": matmul, "getitem": getitem,
+    "reshape": reshape, "view": reshape, "permute": permute, "transpose": transpose, "flatten": flatten,
+    "unsqueeze": unsqueeze, "squeeze": squeeze, "expand": expand, "softmax": softmax, "sum": sum_,
+    "mean": mean, "amax": amax, "sigmoid": sigmoid, "relu": relu, "exp": exp, "sin": sin, "cos": cos,
+    "tanh": tanh, "repeat": repeat,
+    "contiguous": lambda x: x,
+})
+
+
+def _float(x: SymTensor) -> SymTensor:
+    return cast(x, f32)
+
+
+METHODS["float"] = _float
+
+__all__ = [
+    "add", "amax", "arange_like", "attention", "bmm", "cast", "cat", "conv1d", "conv2d", "conv_transpose2x2",
+    "cos", "div", "embedding", "exp", "expand", "flatten", "gather", "gelu", "getitem", "interpolate",
+    "l2_normalize", "layer_norm", "layer_norm_chw", "linear", "matmul", "max_pool2d", "mean", "mul", "pad",
+    "permute", "relu", "repeat", "reshape", "rms_norm", "sigmoid", "silu", "sin", "softmax", "split", "squeeze",
+    "stack", "sub", "sum_", "tanh", "transpose", "unsqueeze", "view",
+]
