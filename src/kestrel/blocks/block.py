@@ -171,7 +171,10 @@ def sub_generics(m: SubDecl, dims: dict[str, int], dtypes: dict[str, DType]) -> 
     return out
 
 
-def parameter_manifest(cls: type[Block], generics: dict[str, Any]) -> Iterator[tuple[str, tuple[int, ...], DType, bool]]:
+ManifestRow = tuple[str, tuple[int, ...], DType, bool]
+
+
+def parameter_manifest(cls: type[Block], generics: dict[str, Any]) -> Iterator[ManifestRow]:
     """Every parameter path with its bound shape and dtype, without allocating anything."""
     decl = cls.decl()
     bound = bind_generics(decl, generics)

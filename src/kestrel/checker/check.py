@@ -180,7 +180,7 @@ def call_declared(callee: BlockDecl, fn: FnDecl, dims: dict[str, Poly], dtypes: 
         if k not in names:
             raise ShapeError(f"{label} has no parameter {k!r}")
         given[k] = v
-    actual_syms = {s.name for v in given.values() if isinstance(v, SymTensor)
+    {s.name for v in given.values() if isinstance(v, SymTensor)
                    for d in v.fixed_dims_or_empty() for s in d.symbols()} if False else set()
     free = {n for n, k in fn.generics if k == "Dim"}
     rename = {n: Poly.sym(n + "'") for n in free if any(n in {s.name for s in p.symbols()} for p in dims.values())}

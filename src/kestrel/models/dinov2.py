@@ -111,3 +111,75 @@ class Model(Block):
     ) -> "Tensor[B, (Height / Patch) * (Width / Patch), D; T]":
         x = ops.conv2d(image, self.patch_weight, self.patch_bias, stride=self.Patch)
         return x.flatten(2).transpose(1, 2)
+
+
+# DINOv2-giant replaces the GELU MLP with SwiGLU. Its blocks live in their own kestrel module so
+# the listing of the other sizes stays the seed's.
+
+
+class SwiGluMlp(Block, module="dinov2.swiglu"):
+    """``down(silu(gate(x)) * up(x))``, gate and up fused in one projection (gate first)."""
+
+    D: Dim
+    Hidden: Dim
+    T: Float
+
+    weights_in: Linear["D, 2 * Hidden, T"]
+    weights_out: Linear["Hidden, D, T"]
+
+    def forward(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
+        gate, up = ops.split(self.weights_in(x), [self.Hidden, self.Hidden], dim=-1)
+        return self.weights_out(ops.silu(gate) * up)
+
+
+class SwiGluEncoderLayer(Block, module="dinov2.swiglu"):
+    D: Dim
+    Heads: Dim
+    Hidden: Dim
+    T: Float
+    where = "Heads > 0, D % Heads == 0"
+
+    norm1: LayerNorm["D, T"]
+    attention: Attention["D, Heads, T"]
+    layer_scale1: LayerScale["D, T"]
+    norm2: LayerNorm["D, T"]
+    mlp: SwiGluMlp["D, Hidden, T"]
+    layer_scale2: LayerScale["D, T"]
+
+    def forward(self, x: "Tensor[B, N, D; T]") -> "Tensor[B, N, D; T]":
+        x = x + self.layer_scale1(self.attention(self.norm1(x)))
+        return x + self.layer_scale2(self.mlp(self.norm2(x)))
+
+
+class SwiGluModel(Block, module="dinov2.swiglu"):
+    """DINOv2 with SwiGLU layers (giant); otherwise as :class:`Model`."""
+
+    Height: Dim
+    Width: Dim
+    Channels: Dim
+    Patch: Dim
+    D: Dim
+    Heads: Dim
+    Hidden: Dim
+    Layers: Dim
+    T: Float = f32
+    where = "Patch > 0, Heads > 0, D % Heads == 0"
+    imports = ("std.nn.linear", "std.nn.norm")
+
+    patch_weight: Param["D, Channels, Patch, Patch; T"]
+    patch_bias: Param["D; T"]
+    class_token: Param["1, 1, D; T"]
+    positions: Param["1, 1 + (Height / Patch) * (Width / Patch), D; T"]
+    layers: Array[SwiGluEncoderLayer["D, Heads, Hidden, T"], "Layers"]
+    norm: LayerNorm["D, T"]
+
+    @entry
+    def forward(
+        self, image: "Tensor[B, Channels, Height, Width; T]"
+    ) -> "Tensor[B, 1 + (Height / Patch) * (Width / Patch), D; T]":
+        x = Model._embed(self, image)
+        cls = self.class_token.expand(x.shape[0], -1, -1)
+        x = ops.cat([cls, x], dim=1) + self.positions
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x)

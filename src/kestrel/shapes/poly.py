@@ -480,7 +480,7 @@ def format_poly(p: Poly, order: AtomOrder | None = None) -> str:
 
 
 def _format_operand(p: Poly, order: AtomOrder) -> str:
-    simple = p.is_const and p.value >= 0 or isinstance(p.as_atom(), Sym)
+    simple = (p.is_const and p.value >= 0) or isinstance(p.as_atom(), Sym)
     text = format_poly(p, order)
     return text if simple else f"({text})"
 

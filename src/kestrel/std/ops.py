@@ -26,7 +26,7 @@ from ..checker.symbolic import (
     record,
     require_positive,
 )
-from ..shapes.poly import ONE, Poly, floordiv, maximum, minimum
+from ..shapes.poly import ONE, Poly, floordiv
 from ..types.dtypes import DType, DTypeVar, f32
 from ..types.tensor import TensorType, Variadic
 
@@ -681,7 +681,8 @@ def _slice_len(size: Poly, s: slice) -> Poly:
             raise ShapeError(f"slice {name} {fmt(bound)} may be outside an axis of length {fmt(size)}",
                              hint=f"{fmt(size)} >= {fmt(bound)}")
     if not facts.nonneg(stop - start):
-        raise ShapeError(f"slice {fmt(start)}:{fmt(stop)} may be empty or reversed", hint=f"{fmt(stop)} >= {fmt(start)}")
+        raise ShapeError(f"slice {fmt(start)}:{fmt(stop)} may be empty or reversed",
+                         hint=f"{fmt(stop)} >= {fmt(start)}")
     return floordiv(stop - start + step - 1, step)
 
 

@@ -1,0 +1,96 @@
+"""Cards: how a published checkpoint becomes a bound Kestrel program.
+
+A :class:`Family` says, for one architecture family, which root block a ``config.json`` needs, how
+the config binds the generics and settings, and how checkpoint tensor names bind parameter paths
+(a :class:`Bindings` table of regular expressions). A :class:`Card` names one upstream checkpoint
+of a family at a pinned revision.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ...blocks import Block
+
+
+class CardError(ValueError):
+    """A config or checkpoint that no card understands, or an unknown model name."""
+
+
+@dataclass(frozen=True)
+class Bindings:
+    """Checkpoint tensor name -> parameter path, as ordered ``(pattern, template)`` rows.
+
+    The first row whose pattern matches the whole name wins; its template may use the groups
+    (``layers.\\1.up.\\2``). Names matching an ``unused`` pattern are deliberately left out.
+    """
+
+    rows: tuple[tuple[str, str], ...]
+    unused: tuple[str, ...] = ()
+    _compiled: list[tuple[re.Pattern[str], str]] = field(default_factory=list, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._compiled.extend((re.compile(p), t) for p, t in self.rows)
+
+    def __call__(self, name: str) -> str | None:
+        for pattern, template in self._compiled:
+            m = pattern.fullmatch(name)
+            if m:
+                return m.expand(template)
+        if any(re.fullmatch(p, name) for p in self.unused):
+            return None
+        raise KeyError(name)
+
+
+# A transform turns the checkpoint tensor into the parameter when the binding changes its shape
+# (DINOv2's position table resampled to the bound image size). It receives the tensor and the
+# bound generics and returns the parameter value.
+Transform = Callable[[torch.Tensor, Mapping[str, Any]], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_types: tuple[str, ...]
+    root: Callable[[dict], type[Block]]
+    generics: Callable[[dict], dict[str, Any]]
+    bindings: Callable[[dict], Bindings]
+    settings: Callable[[dict], dict[str, Any]] = lambda cfg: {}
+    # param path -> (native shape from the config, transform to the bound shape)
+    transforms: Callable[[dict, dict[str, Any]], dict[str, tuple[tuple[int, ...], Transform]]] = (
+        lambda cfg, generics: {}
+    )
+    # which generics a caller may rebind (e.g. Height/Width for DINOv2) and how
+    resizable: tuple[str, ...] = ()
+    files: tuple[str, ...] = ("config.json", "model.safetensors", "model.safetensors.index.json",
+                              "model-*.safetensors", "preprocessor_config.json")
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Card:
+    """One published checkpoint: ``facebook/dinov2-base`` at a pinned commit."""
+
+    name: str
+    family: Family
+    repo: str
+    revision: str
+    title: str
+    extra_files: tuple[str, ...] = ()
+
+    @property
+    def files(self) -> list[str]:
+        return [*self.family.files, *self.extra_files]
+
+
+def pair(v: Any) -> tuple[int, int]:
+    """A config's ``image_size``/``patch_size``: an int, or a (height, width) pair."""
+    if isinstance(v, int):
+        return v, v
+    a, b = v
+    return int(a), int(b)

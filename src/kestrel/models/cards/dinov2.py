@@ -1,0 +1,113 @@
+"""DINOv2 backbones (``Dinov2Model`` checkpoints): small, base, large and giant (SwiGLU)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .. import dinov2
+from .base import Bindings, Card, Family, Transform, pair
+
+_LAYER = r"(?:dinov2\.)?encoder\.layer\.(\d+)\."
+
+BINDINGS = Bindings(
+    rows=(
+        (r"(?:dinov2\.)?embeddings\.patch_embeddings\.projection\.weight", "patch_weight"),
+        (r"(?:dinov2\.)?embeddings\.patch_embeddings\.projection\.bias", "patch_bias"),
+        (r"(?:dinov2\.)?embeddings\.cls_token", "class_token"),
+        (r"(?:dinov2\.)?embeddings\.position_embeddings", "positions"),
+        (_LAYER + r"attention\.attention\.(query|key|value)\.(weight|bias)", r"layers.\1.attention.\2.\3"),
+        (_LAYER + r"attention\.output\.dense\.(weight|bias)", r"layers.\1.attention.out.\2"),
+        (_LAYER + r"(norm1|norm2)\.(weight|bias)", r"layers.\1.\2.\3"),
+        (_LAYER + r"(layer_scale1|layer_scale2)\.lambda1", r"layers.\1.\2.lambda1"),
+        (_LAYER + r"mlp\.fc1\.(weight|bias)", r"layers.\1.up.\2"),
+        (_LAYER + r"mlp\.fc2\.(weight|bias)", r"layers.\1.down.\2"),
+        (_LAYER + r"mlp\.(weights_in|weights_out)\.(weight|bias)", r"layers.\1.mlp.\2.\3"),
+        (r"(?:dinov2\.)?layernorm\.(weight|bias)", r"norm.\1"),
+    ),
+    # the mask token only serves masked-image pretraining
+    unused=(r"(?:dinov2\.)?embeddings\.mask_token",),
+)
+
+
+def swiglu_hidden(cfg: dict) -> int:
+    """The reference's SwiGLU width: two thirds of the MLP width, rounded up to a multiple of 8."""
+    hidden = int(cfg["hidden_size"] * cfg.get("mlp_ratio", 4))
+    return (int(hidden * 2 / 3) + 7) // 8 * 8
+
+
+def generics(cfg: dict) -> dict[str, Any]:
+    h, w = pair(cfg.get("image_size", 518))
+    p, q = pair(cfg.get("patch_size", 14))
+    if p != q:
+        raise ValueError(f"DINOv2 with a rectangular patch {p}x{q} is not supported")
+    out = {
+        "Height": h, "Width": w, "Channels": cfg.get("num_channels", 3), "Patch": p,
+        "D": cfg["hidden_size"], "Heads": cfg["num_attention_heads"], "Layers": cfg["num_hidden_layers"],
+    }
+    if cfg.get("use_swiglu_ffn"):
+        out["Hidden"] = swiglu_hidden(cfg)
+    else:
+        out["Inner"] = int(cfg["hidden_size"] * cfg.get("mlp_ratio", 4))
+    return out
+
+
+def settings(cfg: dict) -> dict[str, Any]:
+    if cfg.get("hidden_act", "gelu") != "gelu":
+        raise ValueError(f"DINOv2 with hidden_act={cfg['hidden_act']!r} is not supported (only gelu)")
+    return {"eps": cfg.get("layer_norm_eps", 1e-6)}
+
+
+def resample_positions(table: torch.Tensor, generics: Mapping[str, Any]) -> torch.Tensor:
+    """The reference's position interpolation, done once for the bound size.
+
+    The class position stays; the square grid of patch positions is resampled bicubically (in f32,
+    align_corners=False) to ``Height/Patch x Width/Patch``. As the reference, a square input of the
+    trained grid size keeps the table unchanged.
+    """
+    n = table.shape[1] - 1
+    side = math.isqrt(n)
+    gh, gw = generics["Height"] // generics["Patch"], generics["Width"] // generics["Patch"]
+    if gh * gw == n and generics["Height"] == generics["Width"]:
+        return table
+    dim = table.shape[-1]
+    grid = table[:, 1:].reshape(1, side, side, dim).permute(0, 3, 1, 2)
+    grid = F.interpolate(grid.to(torch.float32), size=(gh, gw), mode="bicubic", align_corners=False)
+    grid = grid.to(table.dtype).permute(0, 2, 3, 1).reshape(1, gh * gw, dim)
+    return torch.cat([table[:, :1], grid], dim=1)
+
+
+def transforms(cfg: dict, bound: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], Transform]]:
+    h, w = pair(cfg.get("image_size", 518))
+    p = bound["Patch"]
+    native = (1, 1 + (h // p) * (w // p), bound["D"])
+    return {"positions": (native, resample_positions)}
+
+
+FAMILY = Family(
+    name="dinov2",
+    model_types=("dinov2",),
+    root=lambda cfg: dinov2.SwiGluModel if cfg.get("use_swiglu_ffn") else dinov2.Model,
+    generics=generics,
+    bindings=lambda cfg: BINDINGS,
+    settings=settings,
+    transforms=transforms,
+    resizable=("Height", "Width"),
+    description="DINOv2 self-supervised ViT backbone",
+)
+
+_TITLE = "DINOv2-{}: the class token and one token per 14 x 14 patch"
+CARDS = [
+    Card("dinov2-small", FAMILY, "facebook/dinov2-small", "ed25f3a31f01632728cabb09d1542f84ab7b0056",
+         _TITLE.format("Small")),
+    Card("dinov2-base", FAMILY, "facebook/dinov2-base", "f9e44c814b77203eaa57a6bdbbd535f21ede1415",
+         _TITLE.format("Base")),
+    Card("dinov2-large", FAMILY, "facebook/dinov2-large", "47b73eefe95e8d44ec3623f8890bd894b6ea2d6c",
+         _TITLE.format("Large")),
+    Card("dinov2-giant", FAMILY, "facebook/dinov2-giant", "611a9d42f2335e0f921f1e313ad3c1b7178d206d",
+         _TITLE.format("Giant (SwiGLU)")),
+]

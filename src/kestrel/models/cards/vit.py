@@ -1,0 +1,64 @@
+"""ViT image classifiers (``ViTForImageClassification`` checkpoints)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import vit
+from .base import Bindings, Card, Family, pair
+
+_LAYER = r"(?:vit\.)?encoder\.layer\.(\d+)\."
+
+BINDINGS = Bindings(
+    rows=(
+        (r"(?:vit\.)?embeddings\.patch_embeddings\.projection\.weight", "patch_weight"),
+        (r"(?:vit\.)?embeddings\.patch_embeddings\.projection\.bias", "patch_bias"),
+        (r"(?:vit\.)?embeddings\.cls_token", "class_token"),
+        (r"(?:vit\.)?embeddings\.position_embeddings", "positions"),
+        (_LAYER + r"attention\.attention\.(query|key|value)\.(weight|bias)", r"layers.\1.attention.\2.\3"),
+        (_LAYER + r"attention\.output\.dense\.(weight|bias)", r"layers.\1.attention.out.\2"),
+        (_LAYER + r"layernorm_before\.(weight|bias)", r"layers.\1.norm_before.\2"),
+        (_LAYER + r"layernorm_after\.(weight|bias)", r"layers.\1.norm_after.\2"),
+        (_LAYER + r"intermediate\.dense\.(weight|bias)", r"layers.\1.up.\2"),
+        (_LAYER + r"output\.dense\.(weight|bias)", r"layers.\1.down.\2"),
+        (r"(?:vit\.)?layernorm\.(weight|bias)", r"norm.\1"),
+        (r"classifier\.(weight|bias)", r"head.\1"),
+    ),
+    # the pooler is not part of the classifier's path; the mask token is for masked pretraining
+    unused=(r"(?:vit\.)?pooler\..*", r"(?:vit\.)?embeddings\.mask_token"),
+)
+
+
+def generics(cfg: dict) -> dict[str, Any]:
+    h, w = pair(cfg.get("image_size", 224))
+    p, q = pair(cfg.get("patch_size", 16))
+    if p != q:
+        raise ValueError(f"ViT with a rectangular patch {p}x{q} is not supported")
+    labels = cfg.get("id2label") or {}
+    return {
+        "Height": h, "Width": w, "Channels": cfg.get("num_channels", 3), "Patch": p,
+        "D": cfg["hidden_size"], "Heads": cfg["num_attention_heads"], "Inner": cfg["intermediate_size"],
+        "Layers": cfg["num_hidden_layers"], "Classes": cfg.get("num_labels", len(labels) or 2),
+    }
+
+
+def settings(cfg: dict) -> dict[str, Any]:
+    if cfg.get("hidden_act", "gelu") != "gelu":
+        raise ValueError(f"ViT with hidden_act={cfg['hidden_act']!r} is not supported (only gelu)")
+    return {"eps": cfg.get("layer_norm_eps", 1e-12)}
+
+
+FAMILY = Family(
+    name="vit",
+    model_types=("vit",),
+    root=lambda cfg: vit.Model,
+    generics=generics,
+    bindings=lambda cfg: BINDINGS,
+    settings=settings,
+    description="ViT image classifier",
+)
+
+CARDS = [
+    Card("vit-base-patch16-224", FAMILY, "google/vit-base-patch16-224",
+         "3f49326eb077187dfe1c2a2bb15fbd74e6ab91e3", "ViT-Base, patch 16, 224 px, ImageNet-1k classifier"),
+]
