@@ -610,10 +610,15 @@ def split(x: torch.Tensor, sizes: Sequence[Any], dim: int = -1) -> tuple[torch.T
 
 @split.rule
 def _(x: SymTensor, sizes: Sequence[Any], dim: int = -1) -> tuple[SymTensor, ...]:
-    d = x.fixed_dims("split")
-    i = axis(x, dim)
+    d = list(x.dims)
+    if x.type.rank is None:  # through a variadic run, only an axis after it counts from the end
+        if dim >= 0 or -dim > len(d) or any(isinstance(a, Variadic) for a in d[dim:]):
+            raise ShapeError(f"split along axis {dim} of {x.show()}: the axis is hidden by a variadic run")
+        i = len(d) + dim
+    else:
+        i = axis(x, dim)
     parts = [as_poly(s) for s in sizes]
-    same(_sum(parts), d[i], "split: the pieces do not add up to the axis", x)
+    same(_sum(parts), d[i], "split: the pieces do not add up to the axis", x)  # type: ignore[arg-type]
     return tuple(_t(x, [*d[:i], p, *d[i + 1:]]) for p in parts)
 
 
@@ -709,10 +714,13 @@ def getitem(x: SymTensor, index: Any) -> SymTensor:
             out.append(_slice_len(size, i))
         elif isinstance(i, int | SymDim):
             p = as_poly(i)
-            ok = facts.positive(size + p) if (p.is_const and p.value < 0) else facts.positive(size - p)
+            if p.is_const and p.value < 0:  # x[-k] needs size >= k
+                ok, hint = facts.nonneg(size + p), f"{fmt(size)} >= {fmt(-p)}"
+            else:
+                ok, hint = facts.positive(size - p), f"{fmt(size)} > {fmt(p)}"
             if not ok:
                 raise ShapeError(f"index {fmt(p)} may be out of range for an axis of length {fmt(size)} "
-                                 f"in {x.show()}", hint=f"{fmt(size)} > {fmt(p)}")
+                                 f"in {x.show()}", hint=hint)
         else:
             raise ShapeError(f"indexing with a {type(i).__name__}: use the gather op")
     out.extend(d[pos:])

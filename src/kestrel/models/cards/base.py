@@ -67,12 +67,14 @@ class Family:
     )
     # which generics a caller may rebind (e.g. Height/Width for DINOv2) and how
     resizable: tuple[str, ...] = ()
+    # the checkpoint's preprocessor_config.json, used when a directory has none
+    preprocess: dict[str, Any] = field(default_factory=dict)
     files: tuple[str, ...] = ("config.json", "model.safetensors", "model.safetensors.index.json",
                               "model-*.safetensors", "preprocessor_config.json")
     description: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Card:
     """One published checkpoint: ``facebook/dinov2-base`` at a pinned commit."""
 
@@ -81,7 +83,13 @@ class Card:
     repo: str
     revision: str
     title: str
+    # the upstream config.json values the generics are bound from (so `inspect` works offline)
+    config: dict[str, Any] = field(default_factory=dict)
     extra_files: tuple[str, ...] = ()
+
+    def generics(self) -> dict[str, Any]:
+        """The root block's generics as this checkpoint binds them (T = f32)."""
+        return {**self.family.generics(self.config), "T": "f32"}
 
     @property
     def files(self) -> list[str]:

@@ -97,17 +97,29 @@ FAMILY = Family(
     settings=settings,
     transforms=transforms,
     resizable=("Height", "Width"),
+    preprocess={"image_processor_type": "BitImageProcessor", "do_resize": True, "size": {"shortest_edge": 256},
+                "resample": 3, "do_center_crop": True, "crop_size": {"height": 224, "width": 224},
+                "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+                "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]},
     description="DINOv2 self-supervised ViT backbone",
 )
 
 _TITLE = "DINOv2-{}: the class token and one token per 14 x 14 patch"
+
+
+def _config(hidden: int, heads: int, layers: int, swiglu: bool = False) -> dict[str, Any]:
+    return {"model_type": "dinov2", "image_size": 518, "patch_size": 14, "num_channels": 3, "hidden_size": hidden,
+            "num_attention_heads": heads, "num_hidden_layers": layers, "mlp_ratio": 4, "layer_norm_eps": 1e-6,
+            "use_swiglu_ffn": swiglu, "hidden_act": "gelu"}
+
+
 CARDS = [
     Card("dinov2-small", FAMILY, "facebook/dinov2-small", "ed25f3a31f01632728cabb09d1542f84ab7b0056",
-         _TITLE.format("Small")),
+         _TITLE.format("Small"), _config(384, 6, 12)),
     Card("dinov2-base", FAMILY, "facebook/dinov2-base", "f9e44c814b77203eaa57a6bdbbd535f21ede1415",
-         _TITLE.format("Base")),
+         _TITLE.format("Base"), _config(768, 12, 12)),
     Card("dinov2-large", FAMILY, "facebook/dinov2-large", "47b73eefe95e8d44ec3623f8890bd894b6ea2d6c",
-         _TITLE.format("Large")),
+         _TITLE.format("Large"), _config(1024, 16, 24)),
     Card("dinov2-giant", FAMILY, "facebook/dinov2-giant", "611a9d42f2335e0f921f1e313ad3c1b7178d206d",
-         _TITLE.format("Giant (SwiGLU)")),
+         _TITLE.format("Giant (SwiGLU)"), _config(1536, 24, 40, swiglu=True)),
 ]

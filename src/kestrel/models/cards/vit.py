@@ -55,10 +55,16 @@ FAMILY = Family(
     generics=generics,
     bindings=lambda cfg: BINDINGS,
     settings=settings,
+    preprocess={"image_processor_type": "ViTImageProcessor", "do_resize": True, "size": {"height": 224, "width": 224},
+                "resample": 2, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+                "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
     description="ViT image classifier",
 )
 
 CARDS = [
     Card("vit-base-patch16-224", FAMILY, "google/vit-base-patch16-224",
-         "3f49326eb077187dfe1c2a2bb15fbd74e6ab91e3", "ViT-Base, patch 16, 224 px, ImageNet-1k classifier"),
+         "3f49326eb077187dfe1c2a2bb15fbd74e6ab91e3", "ViT-Base, patch 16, 224 px, ImageNet-1k classifier",
+         config={"model_type": "vit", "image_size": 224, "patch_size": 16, "num_channels": 3, "hidden_size": 768,
+                 "num_attention_heads": 12, "intermediate_size": 3072, "num_hidden_layers": 12,
+                 "num_labels": 1000, "layer_norm_eps": 1e-12, "hidden_act": "gelu"}),
 ]

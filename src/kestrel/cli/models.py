@@ -1,0 +1,128 @@
+"""Commands about programs: ``check``, ``inspect``, ``export``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+from ..blocks import Block
+from ..blocks.block import REGISTRY
+from ..checker.check import Report, check_program
+from ..inspect import format_parameters, format_program, program_json
+from ..models.cards import CARDS, Card, CardError
+
+
+def _card(name: str) -> Card:
+    if name not in CARDS:
+        raise CardError(f"unknown model {name!r}; known models: {', '.join(sorted(CARDS))}")
+    return CARDS[name]
+
+
+def _blocks_in_file(path: Path) -> list[type[Block]]:
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    if spec is None or spec.loader is None:
+        raise CardError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return [c for blocks in REGISTRY.values() for c in blocks if c.__module__ == module.__name__]
+
+
+def _targets(names: list[str]) -> list[tuple[str, type[Block]]]:
+    """(label, root block) for each card name, or every block of a Python file or directory."""
+    if not names:
+        seen: dict[type[Block], list[str]] = {}
+        for card in CARDS.values():
+            seen.setdefault(card.family.root(card.config), []).append(card.name)
+        return [(", ".join(labels), root) for root, labels in seen.items()]
+    out: list[tuple[str, type[Block]]] = []
+    for name in names:
+        path = Path(name)
+        if path.suffix == ".py" or path.is_dir():
+            files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+            for f in files:
+                out += [(f"{f}:{b.__name__}", b) for b in _blocks_in_file(f)]
+        else:
+            card = _card(name)
+            out.append((card.name, card.family.root(card.config)))
+    return out
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    failed = 0
+    for label, root in _targets(args.models):
+        report: Report = check_program(root)
+        status = "ok" if report.ok else f"{len(report.diagnostics)} error(s)"
+        print(f"{label}: {root.decl().qualname}: {len(report.blocks)} blocks, {report.checked} functions "
+              f"checked: {status}")
+        for d in report.diagnostics:
+            print("  " + d.format().replace("\n", "\n  "))
+        failed += not report.ok
+    return 1 if failed else 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    names = sorted(CARDS) if args.all else [args.model]
+    if not names or names == [None]:
+        raise CardError("name a model (or --all); known models: " + ", ".join(sorted(CARDS)))
+    docs = []
+    for i, name in enumerate(names):
+        card = _card(name)
+        root = card.family.root(card.config)
+        generics = card.generics()
+        if args.json:
+            docs.append(program_json(root, generics, card.name))
+            continue
+        if i:
+            print("\n" + "=" * 100 + "\n")
+        if args.parameters:
+            print(f"{card.name}: parameters of {root.decl().qualname} as {card.repo} binds them\n")
+            print(format_parameters(root, generics))
+            continue
+        title = f"{card.name}: {card.title}\n{card.repo} @ {card.revision}"
+        print(format_program(root, generics, title))
+    if args.json:
+        print(json.dumps(docs if args.all else docs[0], indent=2))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from ..export.onnx import export_onnx
+    from ..runtime.load import load
+
+    if args.target != "onnx":
+        raise CardError(f"export target {args.target!r} is not available yet; supported: onnx")
+    model = load(args.model, weights=args.weights)
+    for path in export_onnx(model, Path(args.out), batch=args.batch):
+        print(path)
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("check", help="type-check models without any weights",
+                       description="Run every function of each model symbolically and prove its declared types. "
+                                   "Exits 1 with diagnostics (file:line, both shapes, the missing where fact).")
+    p.add_argument("models", nargs="*", metavar="MODEL",
+                   help="card names (default: every model), or Python files/directories of your own blocks")
+    p.set_defaults(run=cmd_check)
+
+    p = sub.add_parser("inspect", help="print a model's architecture as blocks",
+                       description="Print the entries, the generics as the checkpoint binds them, and every block "
+                                   "of the program, derived from the declarations.")
+    p.add_argument("model", nargs="?", metavar="MODEL", help="a card name, e.g. sam-vit-base")
+    p.add_argument("--all", action="store_true", help="every known model")
+    p.add_argument("--parameters", action="store_true", help="every parameter path with its bound shape")
+    p.add_argument("--json", action="store_true", help="blocks, generics and parameters as JSON")
+    p.set_defaults(run=cmd_inspect)
+
+    p = sub.add_parser("export", help="export deployable programs (ONNX)",
+                       description="Write one program per entry, plus manifest.json with shapes and sha256.")
+    p.add_argument("model", metavar="MODEL", help="card name or save_pretrained directory")
+    p.add_argument("--target", default="onnx", help="onnx (default)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--weights", metavar="DIR", help="read the card's weights from this directory")
+    p.add_argument("--batch", type=int, default=1, help="batch size of the exported inputs (default 1)")
+    p.set_defaults(run=cmd_export)
