@@ -7,11 +7,11 @@ tests compare that derivation with the seed documents in ../shared/seeds.
 from __future__ import annotations
 
 import pytest
-from seeds import SEED_CARDS, read_seed
 
 from kestrel.blocks.block import bind_generics
 from kestrel.inspect import format_block, format_signature, listed_blocks
 from kestrel.models.cards import CARDS
+from seeds import SEED_CARDS, read_seed
 
 
 def _program(prefix: str):

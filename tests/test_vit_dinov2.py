@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from reference import rel_diff, seeded
 from transformers import Dinov2Config, Dinov2Model, ViTConfig, ViTForImageClassification
 
 import kestrel
 from kestrel.blocks import EntryError
+from reference import rel_diff, seeded
 
 TOL = 1e-4
 

@@ -1,0 +1,137 @@
+"""The ``kestrel`` command end to end: check, inspect, classify and embed from save_pretrained directories."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors import safe_open
+from transformers import Dinov2Config, Dinov2Model, ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+from kestrel.cli.main import main
+from reference import rel_diff, seeded
+
+LABELS = {0: "tabby cat", 1: "golden retriever", 2: "teapot", 3: "kestrel", 4: "space shuttle"}
+
+
+@pytest.fixture
+def images(tmp_path):
+    rng = np.random.default_rng(0)
+    paths = []
+    for i, (h, w) in enumerate([(80, 100), (64, 64), (120, 90)]):
+        p = tmp_path / f"img{i}.png"
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(p)
+        paths.append(p)
+    return paths
+
+
+@pytest.fixture
+def vit_dir(tmp_path):
+    cfg = ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
+                    patch_size=8, num_labels=5, id2label=LABELS, label2id={v: k for k, v in LABELS.items()})
+    ref = seeded(lambda: ViTForImageClassification(cfg))
+    d = tmp_path / "vit"
+    ref.save_pretrained(d)
+    ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(d)
+    return d, ref
+
+
+def test_check_passes_for_vit_and_dinov2(capsys):
+    assert main(["check", "vit-base-patch16-224", "dinov2-base"]) == 0
+    out = capsys.readouterr().out
+    assert "vit::Model" in out and "dinov2::Model" in out and "error" not in out
+
+
+def test_check_reports_a_broken_user_block(tmp_path, capsys):
+    src = tmp_path / "mine.py"
+    src.write_text(textwrap.dedent('''
+        from kestrel.blocks import Block, Dim, Float, Param, f32
+        from kestrel.std import ops
+
+        class Proj(Block, module="mine"):
+            In: Dim
+            Out: Dim
+            T: Float = f32
+            weight: Param["Out, In; T"]
+
+            def forward(self, x: "Tensor[B, Out; T]") -> "Tensor[B, Out; T]":
+                return ops.linear(x, self.weight)
+    '''))
+    assert main(["check", str(src)]) == 1
+    out = capsys.readouterr().out
+    assert "mine.py:12" in out and "contraction dimension differs: Out vs In" in out
+
+
+def test_inspect_prints_blocks_parameters_and_json(capsys):
+    assert main(["inspect", "vit-base-patch16-224"]) == 0
+    out = capsys.readouterr().out
+    assert "  param positions: Tensor[1, 1 + (Height / Patch) * (Width / Patch), D; T]" in out
+    assert "  Classes   1000" in out
+    assert main(["inspect", "vit-base-patch16-224", "--parameters"]) == 0
+    out = capsys.readouterr().out
+    assert "layers.11.attention.query.weight" in out and "200 parameters, 86,567,656 values" in out
+    assert main(["inspect", "dinov2-base", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["generics"]["Patch"] == 14 and doc["root"] == "dinov2::Model"
+    assert {"path": "positions", "shape": [1, 1370, 768], "dtype": "f32", "optional": False} in doc["parameters"]
+
+
+def test_classify_matches_the_reference_pipeline(vit_dir, images, capsys):
+    d, ref = vit_dir
+    assert main(["classify", *map(str, images), "--model", str(d), "--top", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    processor = ViTImageProcessor.from_pretrained(d)
+    with torch.no_grad():
+        probs = ref(**processor([Image.open(p) for p in images], return_tensors="pt")).logits.softmax(-1)
+    for i, path in enumerate(images):
+        block = out[out.index(str(path)) + 1: out.index(str(path)) + 4]
+        top = probs[i].topk(3)
+        for line, p, k in zip(block, top.values.tolist(), top.indices.tolist()):
+            assert line.strip() == f"{p:.2%}  {LABELS[k]}"
+
+
+def test_embed_writes_features_with_paths(tmp_path, images, capsys):
+    ref = seeded(lambda: Dinov2Model(Dinov2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                                  image_size=28, patch_size=14)))
+    d = tmp_path / "dino"
+    ref.save_pretrained(d)
+    out = tmp_path / "feats.safetensors"
+    assert main(["embed", str(tmp_path), "--model", str(d), "--out", str(out), "--size", "28", "--quiet"]) == 0
+    with safe_open(out, "pt") as f:
+        feats = f.get_tensor("features")
+        meta = f.metadata()
+    assert json.loads(meta["paths"]) == [str(p) for p in sorted(images)]
+    from kestrel.models.cards.dinov2 import FAMILY
+    from kestrel.pipelines.images import ImagePreprocess
+
+    pixels = ImagePreprocess.from_config(FAMILY.preprocess).with_size(28, 28)(sorted(images))
+    with torch.no_grad():
+        want = ref(pixel_values=pixels).last_hidden_state[:, 0]
+    assert rel_diff(feats, want) <= 1e-4
+
+
+def test_bad_inputs_give_one_clear_line(vit_dir, tmp_path, capsys):
+    d, _ = vit_dir
+    assert main(["classify", str(tmp_path / "missing.jpg"), "--model", str(d)]) == 2
+    assert "missing.jpg" in capsys.readouterr().err
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "config.json").write_text((d / "config.json").read_text())
+    data = (d / "model.safetensors").read_bytes()
+    (corrupt / "model.safetensors").write_bytes(data[: len(data) // 2])
+    assert main(["classify", str(tmp_path / "x.jpg"), "--model", str(corrupt)]) == 2
+    err = capsys.readouterr().err
+    assert "model.safetensors" in err and "Traceback" not in err
+    assert main(["inspect", "no-such-model"]) == 2
+    assert "known models" in capsys.readouterr().err
+
+
+def test_console_script_help_teaches():
+    out = subprocess.run([sys.executable, "-m", "kestrel.cli.main", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "kestrel inspect sam-vit-base" in out.stdout
