@@ -1,0 +1,122 @@
+"""``kestrel.load``: card names through the hub cache at the pinned revision, directories, and bad checkpoints."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import ViTConfig, ViTForImageClassification
+
+import kestrel
+from kestrel.models.cards import CARDS, CardError
+from kestrel.runtime.checkpoint import CheckpointError
+from kestrel.runtime.hub import HubError
+from reference import rel_diff, seeded
+from test_hub import hermetic, make_cached_repo  # noqa: F401  (hermetic is an autouse fixture)
+
+SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
+             patch_size=8, num_labels=4)
+
+
+@pytest.fixture
+def saved(tmp_path):
+    ref = seeded(lambda: ViTForImageClassification(ViTConfig(**SMALL)))
+    d = tmp_path / "saved"
+    ref.save_pretrained(d)
+    return d, ref
+
+
+def _same_outputs(model, ref):
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert rel_diff(model.forward(x), ref(pixel_values=x).logits) <= 1e-4
+
+
+def test_card_name_resolves_through_the_hub_cache_at_its_pinned_revision(saved, tmp_path, monkeypatch):
+    d, ref = saved
+    card = CARDS["vit-base-patch16-224"]
+    cache = tmp_path / "hf_home" / "hub"
+    files = {p.name: p.read_bytes() for p in d.iterdir()}
+    make_cached_repo(cache, card.repo, card.revision, files)
+    model = kestrel.load("vit-base-patch16-224")
+    assert model.loaded.card is card and model.loaded.directory.name == card.revision
+    _same_outputs(model, ref)
+
+
+def test_offline_without_a_cache_says_what_to_do(tmp_path):
+    with pytest.raises(HubError) as e:
+        kestrel.load("vit-base-patch16-224")
+    text = str(e.value)
+    assert "google/vit-base-patch16-224" in text and CARDS["vit-base-patch16-224"].revision in text
+    assert "--weights" in text
+
+
+def test_weights_dir_for_a_card_and_a_plain_directory(saved):
+    d, ref = saved
+    _same_outputs(kestrel.load("vit-base-patch16-224", weights=d), ref)
+    _same_outputs(kestrel.load(d), ref)
+
+
+def test_sharded_checkpoint(tmp_path):
+    ref = seeded(lambda: ViTForImageClassification(ViTConfig(**SMALL)))
+    ref.save_pretrained(tmp_path, max_shard_size="30KB")
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    _same_outputs(kestrel.load(tmp_path), ref)
+
+
+def _rewrite(d, edit):
+    tensors = load_file(d / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, d / "model.safetensors")
+
+
+def test_missing_unexpected_and_misshapen_tensors_are_named(saved):
+    d, _ = saved
+    _rewrite(d, lambda t: (t.pop("vit.layernorm.weight"),
+                           t.__setitem__("vit.extra.weight", torch.zeros(3)),
+                           t.__setitem__("classifier.bias", torch.zeros(5))))
+    with pytest.raises(CheckpointError) as e:
+        kestrel.load(d)
+    text = str(e.value)
+    assert "norm.weight" in text and "missing" in text
+    assert "vit.extra.weight" in text and "unexpected" in text
+    assert "head.bias" in text and "classifier.bias" in text and "(4,)" in text.replace("[4]", "(4,)")
+
+
+def test_integer_tensor_where_a_float_is_declared(saved):
+    d, _ = saved
+    _rewrite(d, lambda t: t.__setitem__("classifier.bias", torch.zeros(4, dtype=torch.int64)))
+    with pytest.raises(CheckpointError, match=r"head\.bias"):
+        kestrel.load(d)
+
+
+def test_bad_config_and_unknown_family(saved, tmp_path):
+    d, _ = saved
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["num_attention_heads"] = 3  # 32 is not a multiple of 3
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(Exception, match=r"D % Heads == 0.*D = 32, Heads = 3"):
+        kestrel.load(d)
+    cfg["model_type"] = "gpt2"
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CardError, match="model_type 'gpt2'"):
+        kestrel.load(d)
+    with pytest.raises(CardError, match="unknown model"):
+        kestrel.load(tmp_path / "nowhere")
+
+
+def test_only_rebindable_generics_can_be_overridden(saved):
+    d, _ = saved
+    with pytest.raises(CardError, match="vit cannot rebind Height"):
+        kestrel.load(d, Height=64)
+
+
+def test_state_dict_keys_are_the_parameter_paths(saved):
+    d, _ = saved
+    model = kestrel.load(d)
+    from kestrel.blocks import parameter_manifest
+
+    manifest = {p: s for p, s, _, _ in parameter_manifest(type(model), model.generics)}
+    assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == manifest
