@@ -180,8 +180,6 @@ def call_declared(callee: BlockDecl, fn: FnDecl, dims: dict[str, Poly], dtypes: 
         if k not in names:
             raise ShapeError(f"{label} has no parameter {k!r}")
         given[k] = v
-    {s.name for v in given.values() if isinstance(v, SymTensor)
-                   for d in v.fixed_dims_or_empty() for s in d.symbols()} if False else set()
     free = {n for n, k in fn.generics if k == "Dim"}
     rename = {n: Poly.sym(n + "'") for n in free if any(n in {s.name for s in p.symbols()} for p in dims.values())}
     mapping: dict[str, Poly] = {**dims, **rename}
@@ -208,7 +206,11 @@ def call_declared(callee: BlockDecl, fn: FnDecl, dims: dict[str, Poly], dtypes: 
     result = fn.result
     outs = [t.substitute(mapping, dtypes) for t in (result.items if isinstance(result, TupleType) else (result,))]
     out_tensors = [SymTensor(binding.apply(t)) for t in outs]  # type: ignore[arg-type]
-    record(label, inputs, out_tensors, kind="fn" if own else "sub", detail=sig)
+    node = record(label, inputs, out_tensors, kind="fn" if own else "sub", detail=sig)
+    node.callee = (callee.qualname, fn.name)
+    back = {v: k for k, v in ((n, n + "'") for n in rename)}
+    node.subst = {"dims": {**dims, **{back.get(k, k): v for k, v in binding.dims.items()}},
+                  "shapes": dict(binding.shapes), "dtypes": {**dtypes, **binding.dtypes}}
     return tuple(out_tensors) if isinstance(result, TupleType) else out_tensors[0]
 
 

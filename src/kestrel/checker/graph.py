@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..shapes.poly import AtomOrder
 from ..types.tensor import TensorType
@@ -25,6 +26,9 @@ class Node:
     file: str | None = None
     line: int | None = None
     detail: str = ""  # a sub's block type, an op's attributes
+    # for a call into a sub or own function: the callee, and its generics in the caller's terms
+    callee: tuple[str, str] | None = None
+    subst: dict[str, Any] | None = None
 
 
 @dataclass

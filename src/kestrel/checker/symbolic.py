@@ -363,6 +363,7 @@ def op(name: str) -> Callable[[Callable[..., Any]], Any]:
     return wrap
 
 
-def record(name: str, inputs: list[SymTensor], outputs: list[SymTensor], kind: str = "op", detail: str = "") -> None:
+def record(name: str, inputs: list[SymTensor], outputs: list[SymTensor], kind: str = "op", detail: str = "") -> Any:
     file, line = user_frame()
-    current().graph.add_node(kind, name, [t.vid for t in inputs], [t.vid for t in outputs], file, line, detail)
+    return current().graph.add_node(kind, name, [t.vid for t in inputs], [t.vid for t in outputs], file, line,
+                                    detail)

@@ -11,6 +11,7 @@ EPILOG = """examples:
   kestrel check                                  type-check every model, no weights needed
   kestrel inspect sam-vit-base                   the blocks, as the seeds print them
   kestrel inspect dinov2-base --parameters       every parameter path with its bound shape
+  kestrel diagram vit-base-patch16-224 -o vit.svg   the forward graph, every edge typed
   kestrel classify cat.jpg --weights DIR         ViT-B/16 top-5 labels
   kestrel embed photos/ --model dinov2-base --out feats.safetensors
   kestrel export vit-base-patch16-224 --target onnx --out out/
@@ -37,13 +38,15 @@ def _version() -> str:
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors that describe bad input: printed as one clear line, never as a traceback."""
     from ..blocks import BindError, DeclarationError, EntryError
+    from ..inspect.diagram import DiagramError
     from ..models.cards import CardError
     from ..pipelines.images import ImageError
     from ..runtime.checkpoint import CheckpointError
     from ..runtime.hub import HubError
     from ..shapes.parse import DimParseError
 
-    errors: list[type[BaseException]] = [BindError, CardError, CheckpointError, DeclarationError, DimParseError,
+    errors: list[type[BaseException]] = [BindError, CardError, CheckpointError, DeclarationError, DiagramError,
+                                         DimParseError,
                                          EntryError, HubError, ImageError, FileNotFoundError]
     try:
         from ..pipelines.tokenizer import TokenizerError
@@ -73,6 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (`kestrel inspect ... | head`): stop quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

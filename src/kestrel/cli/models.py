@@ -89,6 +89,18 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_diagram(args: argparse.Namespace) -> int:
+    from ..inspect.diagram import entry_diagram, write_diagram
+
+    card = _card(args.model)
+    root = card.family.root(card.config)
+    entry = args.entry or root.decl().entries[0].name
+    out = Path(args.output or f"{card.name}.{entry}.svg")
+    write_diagram(entry_diagram(root, entry), out)
+    print(f"wrote {out}")
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from ..export.onnx import export_onnx
     from ..runtime.load import load
@@ -117,6 +129,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--parameters", action="store_true", help="every parameter path with its bound shape")
     p.add_argument("--json", action="store_true", help="blocks, generics and parameters as JSON")
     p.set_defaults(run=cmd_inspect)
+
+    p = sub.add_parser("diagram", help="draw an entry's graph with every edge's inferred type",
+                       description="Draw the entry with one level of sub-block calls expanded; every edge is "
+                                   "labelled with the type the checker inferred, in the model's own generics.",
+                       epilog="example: kestrel diagram sam-vit-base --entry encode_image -o preview.svg")
+    p.add_argument("model", metavar="MODEL", help="a card name")
+    p.add_argument("--entry", help="entry or function to draw (default: the first entry)")
+    p.add_argument("-o", "--output", metavar="FILE", help="FILE.svg (default) or FILE.dot for Graphviz")
+    p.set_defaults(run=cmd_diagram)
 
     p = sub.add_parser("export", help="export deployable programs (ONNX)",
                        description="Write one program per entry, plus manifest.json with shapes and sha256.")
