@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from ..models.cards import CardError
+
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
 
@@ -39,26 +41,96 @@ def cmd_classify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tokenizer(model):
+    from ..pipelines.tokenizer import SiglipTextTokenizer
+
+    return SiglipTextTokenizer.from_dir(model.loaded.directory, max_length=model.generics["MaxPositions"])
+
+
+def _needs_text_model(model, command: str) -> None:
+    if not hasattr(model, "text_features"):
+        raise CardError(f"{command} needs an image-text model such as siglip-base-patch16-224; "
+                        f"{model.loaded.name} has no text tower")
+
+
 def cmd_embed(args: argparse.Namespace) -> int:
     import torch
 
     from ..pipelines.tasks import embed_images
+    from ..pipelines.zero_shot import encode_texts
     from ..runtime.checkpoint import save_tensors
 
     size = {"Height": args.size, "Width": args.size} if args.size else {}
     model = _load(args, **size)
-    paths = expand_paths(args.inputs)
-    feats, done = [], []
-    for batch, f in embed_images(model, paths, pool=args.pool, batch_size=args.batch_size,
-                                 progress=not args.quiet):
-        feats.append(f)
-        done += [str(p) for p in batch]
+    if args.text:
+        _needs_text_model(model, "embed --text")
+        features = encode_texts(model, args.text, _tokenizer(model), args.template).float().cpu()
+        done, what = list(args.text), "texts"
+    else:
+        paths = expand_paths(args.inputs)
+        if not paths:
+            raise CardError("nothing to embed: give image files or directories (or --text for a text model)")
+        feats, done = [], []
+        for batch, f in embed_images(model, paths, pool=args.pool, batch_size=args.batch_size,
+                                     progress=not args.quiet):
+            feats.append(f)
+            done += [str(p) for p in batch]
+        features, what = torch.cat(feats), "images"
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    features = torch.cat(feats)
-    save_tensors({"features": features}, out, metadata={"paths": json.dumps(done), "pool": args.pool,
-                                                        "model": model.loaded.name})  # type: ignore[attr-defined]
-    print(f"wrote {tuple(features.shape)} {args.pool} features of {len(done)} images to {out}")
+    save_tensors({"features": features}, out, metadata={what: json.dumps(done), "pool": args.pool,
+                                                        "model": model.loaded.name})
+    print(f"wrote {tuple(features.shape)} features of {len(done)} {what} to {out}")
+    return 0
+
+
+def _split_images_and_texts(items: list[str]) -> tuple[list[Path], list[str]]:
+    """Leading arguments that name existing files or directories are images; the rest are texts."""
+    images: list[Path] = []
+    for k, item in enumerate(items):
+        if Path(item).exists():
+            images += expand_paths([item])
+        else:
+            return images, items[k:]
+    return images, []
+
+
+def cmd_zero_shot(args: argparse.Namespace) -> int:
+    from ..pipelines.tasks import preprocess_for
+    from ..pipelines.zero_shot import zero_shot
+
+    images, texts = _split_images_and_texts(args.items)
+    if not images:
+        raise CardError(f"no image found among the arguments: {args.items[0]!r} is not a file or directory")
+    if not texts:
+        raise CardError("give the candidate texts after the images, e.g. kestrel zero-shot cat.jpg \"a cat\" \"a dog\"")
+    model = _load(args)
+    _needs_text_model(model, "zero-shot")
+    probs = zero_shot(model, images, texts, _tokenizer(model), preprocess_for(model), args.template)
+    for path, row in zip(images, probs.float().tolist()):
+        print(path)
+        for p, text in sorted(zip(row, texts), reverse=True):
+            print(f"  {p:7.2%}  {text}")
+    return 0
+
+
+def cmd_similarity(args: argparse.Namespace) -> int:
+    from ..pipelines.tasks import preprocess_for
+    from ..pipelines.zero_shot import similarity_table, zero_shot
+
+    images = expand_paths(args.images)
+    model = _load(args)
+    _needs_text_model(model, "similarity")
+    table_fn = zero_shot if args.probabilities else similarity_table
+    table = table_fn(model, images, args.texts, _tokenizer(model), preprocess_for(model), args.template).float()
+    names = [p.name for p in images]
+    width = max(len(n) for n in names)
+    cols = [t if len(t) <= 18 else t[:17] + "…" for t in args.texts]
+    cw = max(9, *(len(c) for c in cols))
+    print(" " * width + "  " + "  ".join(c.rjust(cw) for c in cols))
+    for name, row in zip(names, table.tolist()):
+        cells = [f"{v:.2%}" if args.probabilities else f"{v:+.3f}" for v in row]
+        print(name.ljust(width) + "  " + "  ".join(c.rjust(cw) for c in cells))
     return 0
 
 
@@ -85,10 +157,32 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        description="Features of every image (class token, mean of patch tokens, or all patch "
                                    "tokens), saved with the image paths in the file's metadata.",
                        epilog="example: kestrel embed photos/ --model dinov2-base --out feats.safetensors")
-    p.add_argument("inputs", nargs="+", metavar="PATH", help="image files or directories")
+    p.add_argument("inputs", nargs="*", metavar="PATH", help="image files or directories")
+    p.add_argument("--text", nargs="+", metavar="TEXT", help="embed these texts instead (SigLIP)")
+    p.add_argument("--template", help="format each text with this template, e.g. 'a photo of {}.'")
     p.add_argument("--out", required=True, metavar="FILE", help="output .safetensors file")
     p.add_argument("--pool", default="cls", choices=["cls", "mean", "patch"], help="which features (default cls)")
     p.add_argument("--size", type=int, help="run at this square image size (DINOv2: a multiple of the patch)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _common(p, None)
     p.set_defaults(run=cmd_embed)
+
+    p = sub.add_parser("zero-shot", help="score free-text labels against images (SigLIP)",
+                       usage="kestrel zero-shot IMAGE... TEXT... [--template T] [--model NAME|DIR] [options]",
+                       description="Sigmoid probability that each text describes each image. SigLIP scores pairs "
+                                   "independently, so an image's probabilities need not sum to one.",
+                       epilog='example: kestrel zero-shot cat.jpg "a cat" "a dog" --template "a photo of {}."')
+    p.add_argument("items", nargs="+", metavar="IMAGE/TEXT", help="image files or directories, then the texts")
+    p.add_argument("--template", help="format each text with this template (must contain {})")
+    _common(p, "siglip-base-patch16-224")
+    p.set_defaults(run=cmd_zero_shot)
+
+    p = sub.add_parser("similarity", help="a table of image x text scores (SigLIP)",
+                       description="Logits (scaled cosine similarity plus bias) of every image against every text.",
+                       epilog='example: kestrel similarity --images a.jpg b.jpg --texts "a cat" "a dog"')
+    p.add_argument("--images", nargs="+", required=True, metavar="IMAGE", help="image files or directories")
+    p.add_argument("--texts", nargs="+", required=True, metavar="TEXT", help="texts")
+    p.add_argument("--template", help="format each text with this template (must contain {})")
+    p.add_argument("--probabilities", action="store_true", help="print sigmoid probabilities instead of logits")
+    _common(p, "siglip-base-patch16-224")
+    p.set_defaults(run=cmd_similarity)

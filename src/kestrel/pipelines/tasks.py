@@ -52,7 +52,12 @@ POOLS = ("cls", "mean", "patch")
 
 
 def image_features(model: Block, pixels: torch.Tensor, pool: str = "cls") -> torch.Tensor:
-    """Features of a batch: the class token, the mean of patch tokens, or all patch tokens."""
+    """Features of a batch: the class token, the mean of patch tokens, or all patch tokens.
+
+    A model with an ``image_features`` entry (SigLIP) gives its pooled embedding whatever ``pool``.
+    """
+    if hasattr(model, "image_features"):
+        return model.image_features(pixels)
     tokens = model.features(pixels) if hasattr(model, "features") else model.forward(pixels)
     if pool == "cls":
         return tokens[:, 0]

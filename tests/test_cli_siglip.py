@@ -1,0 +1,92 @@
+"""``kestrel zero-shot``, ``similarity`` and ``embed --text`` from a transformers-saved SigLIP directory."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from PIL import Image
+from safetensors import safe_open
+
+from kestrel.cli.main import main
+from test_siglip import build_reference, spiece_model  # noqa: F401  (module-scoped fixture)
+
+LABELS = ["dog", "a red car", "sleeping cat"]
+TEMPLATE = "a photo of {}."
+
+
+@pytest.fixture
+def siglip_dir(spiece_model, tmp_path):  # noqa: F811
+    ref = build_reference(
+        vision=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4, image_size=32,
+                    patch_size=8),
+        text=dict(vocab_size=80, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+                  max_position_embeddings=16))
+    tok = transformers.SiglipTokenizer(vocab_file=spiece_model, model_max_length=16)
+    proc = transformers.SiglipImageProcessorPil(size={"height": 32, "width": 32})
+    d = tmp_path / "siglip"
+    for part in (ref, tok, proc):
+        part.save_pretrained(d)
+    rng = np.random.default_rng(1)
+    paths = []
+    for i, (h, w) in enumerate([(40, 56), (32, 32)]):
+        paths.append(tmp_path / f"img{i}.png")
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(paths[-1])
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        ids = tok([TEMPLATE.format(t) for t in LABELS], padding="max_length", max_length=16, truncation=True,
+                  return_tensors="pt")
+        pixels = proc([Image.open(p) for p in paths], return_tensors="pt")["pixel_values"]
+        out = ref(input_ids=ids["input_ids"], pixel_values=pixels)
+    return d, paths, out
+
+
+def test_zero_shot_prints_the_reference_probabilities(siglip_dir, capsys):
+    d, paths, out = siglip_dir
+    assert main(["zero-shot", *map(str, paths), *LABELS, "--template", TEMPLATE, "--model", str(d)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    probs = torch.sigmoid(out.logits_per_image)
+    for i, path in enumerate(paths):
+        start = lines.index(str(path))
+        want = sorted(zip(probs[i].tolist(), LABELS), reverse=True)
+        assert [line.strip() for line in lines[start + 1: start + 4]] == [f"{p:.2%}  {t}" for p, t in want]
+
+
+def test_similarity_table_has_the_reference_logits(siglip_dir, capsys):
+    d, paths, out = siglip_dir
+    assert main(["similarity", "--images", *map(str, paths), "--texts", *LABELS, "--template", TEMPLATE,
+                 "--model", str(d)]) == 0
+    rows = capsys.readouterr().out.splitlines()[1:]
+    for row, want in zip(rows, out.logits_per_image.tolist()):
+        assert [float(c) for c in row.split()[1:]] == pytest.approx([round(v, 3) for v in want], abs=1.5e-3)
+
+
+def test_embed_texts_and_images(siglip_dir, tmp_path, capsys):
+    d, paths, out = siglip_dir
+    texts = tmp_path / "texts.safetensors"
+    assert main(["embed", "--text", *LABELS, "--template", TEMPLATE, "--model", str(d), "--out", str(texts)]) == 0
+    with safe_open(texts, "pt") as f:
+        feats, meta = f.get_tensor("features"), f.metadata()
+    assert json.loads(meta["texts"]) == LABELS
+    assert float((feats - out.text_model_output.pooler_output).abs().max()) <= 1e-4 * float(feats.abs().max())
+    images = tmp_path / "images.safetensors"
+    assert main(["embed", *map(str, paths), "--model", str(d), "--out", str(images), "--quiet"]) == 0
+    with safe_open(images, "pt") as f:
+        feats = f.get_tensor("features")
+    ref = out.vision_model_output.pooler_output
+    assert float((feats - ref).abs().max()) <= 1e-4 * float(ref.abs().max())
+
+
+def test_zero_shot_input_errors(siglip_dir, tmp_path, capsys):
+    d, paths, _ = siglip_dir
+    assert main(["zero-shot", "no-such.jpg", "a cat", "--model", str(d)]) == 2
+    assert "no image found" in capsys.readouterr().err
+    assert main(["zero-shot", str(paths[0]), "--model", str(d)]) == 2
+    assert "candidate texts" in capsys.readouterr().err
+    (d / "spiece.model").unlink()
+    assert main(["zero-shot", str(paths[0]), "a cat", "--model", str(d)]) == 2
+    assert "spiece.model" in capsys.readouterr().err
