@@ -106,7 +106,7 @@ def test_embed_writes_features_with_paths(tmp_path, images, capsys):
     with safe_open(out, "pt") as f:
         feats = f.get_tensor("features")
         meta = f.metadata()
-    assert json.loads(meta["paths"]) == [str(p) for p in sorted(images)]
+    assert json.loads(meta["images"]) == [str(p) for p in sorted(images)]
     from kestrel.models.cards.dinov2 import FAMILY
     from kestrel.pipelines.images import ImagePreprocess
 

@@ -27,7 +27,7 @@ from ..checker.symbolic import (
     require_positive,
 )
 from ..shapes.poly import ONE, Poly, floordiv
-from ..types.dtypes import DType, DTypeVar, f32
+from ..types.dtypes import DType, DTypeVar, bool_, f32
 from ..types.tensor import TensorType, Variadic
 
 # ------------------------------------------------------------------------------------ helpers
@@ -272,6 +272,7 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None, stride: An
     if len(dx) != 3 or len(dw) != 3:
         raise ShapeError(f"conv1d takes [B, Cin, L] and [Cout, Cin, K], got {x.show()} and {weight.show()}")
     same(dx[1], dw[1], "conv1d: input channels differ", x, weight)
+    same_dtype(x, weight, "conv1d")
     if bias is not None:
         same(bias.fixed_dims()[0], dw[0], "conv1d: bias length differs from the output channels", bias, weight)
     return _t(x, [dx[0], dw[0], _conv_out(dx[2], dw[2], as_poly(stride), as_poly(padding))])
@@ -596,7 +597,11 @@ def stack(xs: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
 def _(xs: Sequence[SymTensor], dim: int = 0) -> SymTensor:
     d0 = xs[0].fixed_dims("stack")
     for x in xs[1:]:
-        for a, b in zip(d0, x.fixed_dims("stack")):
+        d = x.fixed_dims("stack")
+        if len(d) != len(d0):
+            raise ShapeError(f"stack: ranks differ: {xs[0].show()} and {x.show()}")
+        same_dtype(xs[0], x, "stack")
+        for a, b in zip(d0, d):
             same(a, b, "stack: shapes differ", xs[0], x)
     i = axis(xs[0], dim, len(d0) + 1)
     return _t(xs[0], [*d0[:i], Poly.const(len(xs)), *d0[i:]])
@@ -668,7 +673,8 @@ def _(x: SymTensor, *times: Any) -> SymTensor:
 # ------------------------------------------------------------------------------- indexing
 
 
-def _slice_len(size: Poly, s: slice) -> Poly:
+def _slice_len(size: Poly, s: slice, where: str = "") -> Poly:
+    """The length of ``s`` on an axis of length ``size``; ``where`` names the tensor in errors."""
     facts = current().facts
     if s.step not in (None, 1):
         step = as_poly(s.step)
@@ -683,10 +689,10 @@ def _slice_len(size: Poly, s: slice) -> Poly:
         stop = size + stop
     for bound, name in ((start, "start"), (stop, "stop")):
         if not (facts.nonneg(bound) and facts.nonneg(size - bound)):
-            raise ShapeError(f"slice {name} {fmt(bound)} may be outside an axis of length {fmt(size)}",
+            raise ShapeError(f"slice {name} {fmt(bound)} may be outside an axis of length {fmt(size)}{where}",
                              hint=f"{fmt(size)} >= {fmt(bound)}")
     if not facts.nonneg(stop - start):
-        raise ShapeError(f"slice {fmt(start)}:{fmt(stop)} may be empty or reversed",
+        raise ShapeError(f"slice {fmt(start)}:{fmt(stop)} may be empty or reversed{where}",
                          hint=f"{fmt(stop)} >= {fmt(start)}")
     return floordiv(stop - start + step - 1, step)
 
@@ -711,7 +717,7 @@ def getitem(x: SymTensor, index: Any) -> SymTensor:
         size = d[pos]
         pos += 1
         if isinstance(i, slice):
-            out.append(_slice_len(size, i))
+            out.append(_slice_len(size, i, f" in {x.show()}"))
         elif isinstance(i, int | SymDim):
             p = as_poly(i)
             if p.is_const and p.value < 0:  # x[-k] needs size >= k
@@ -755,6 +761,66 @@ def _(ids: SymTensor, weight: SymTensor) -> SymTensor:
         raise ShapeError(f"embedding: ids must be integers, got {ids.show()}")
     w = weight.fixed_dims("embedding")
     return _t(weight, [*ids.dims, w[1]])
+
+
+@op("eq")
+def eq(x: torch.Tensor, value: int | float) -> torch.Tensor:
+    """``x == value`` elementwise, a bool tensor of ``x``'s shape."""
+    return x == value
+
+
+@eq.rule
+def _(x: SymTensor, value: int | float) -> SymTensor:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ShapeError(f"eq compares with a Python number, got {type(value).__name__}")
+    return _t(x, x.dims, bool_)
+
+
+@op("where")
+def where(cond: torch.Tensor, x: Any, y: Any) -> torch.Tensor:
+    """``x`` where ``cond`` holds, else ``y``; tensors broadcast, either side may be a number."""
+    return torch.where(cond, x, y)
+
+
+@where.rule
+def _(cond: SymTensor, x: Any, y: Any) -> SymTensor:
+    if not isinstance(cond, SymTensor) or cond.dtype != bool_:
+        shown = cond.show() if isinstance(cond, SymTensor) else type(cond).__name__
+        raise ShapeError(f"where: the condition must be a bool tensor, got {shown}")
+    tensors = [v for v in (x, y) if isinstance(v, SymTensor)]
+    for v in (x, y):
+        if not isinstance(v, SymTensor) and (isinstance(v, bool) or not isinstance(v, int | float)):
+            raise ShapeError(f"where: values must be tensors or Python numbers, got {type(v).__name__}")
+    if not tensors:
+        raise ShapeError("where: at least one of the values must be a tensor")
+    if len(tensors) == 2:
+        same_dtype(tensors[0], tensors[1], "where")
+    dims = list(cond.dims)
+    shown = cond.show()
+    for v in tensors:
+        dims = broadcast_dims(dims, v.dims, "where", shown, v.show())
+        shown = f"[{_show(dims)}]"
+    return _t(tensors[0], dims)
+
+
+@op("relative_positions")
+def relative_positions(table: torch.Tensor, n: int) -> torch.Tensor:
+    """Rows ``table[i - j + n - 1]`` for ``i, j < n``: ``[2n - 1, C] -> [n, n, C]``.
+
+    The relative-position lookup of SAM's (and MViTv2's) decomposed attention bias.
+    """
+    idx = torch.arange(n, device=table.device)
+    return table[idx[:, None] - idx[None, :] + (n - 1)]
+
+
+@relative_positions.rule
+def _(table: SymTensor, n: Any) -> SymTensor:
+    d = table.fixed_dims("relative_positions")
+    if len(d) != 2:
+        raise ShapeError(f"relative_positions takes a [2n - 1, C] table, got {table.show()}")
+    size = as_poly(n)
+    same(d[0], 2 * size - 1, "relative_positions: the table length is not 2n - 1", table)
+    return _t(table, [size, size, d[1]])
 
 
 # -------------------------------------------------------------------------------- reductions
@@ -865,8 +931,8 @@ METHODS["float"] = _float
 
 __all__ = [
     "add", "amax", "arange_like", "attention", "bmm", "cast", "cat", "conv1d", "conv2d", "conv_transpose2x2",
-    "cos", "div", "embedding", "exp", "expand", "flatten", "gather", "gelu", "getitem", "interpolate",
+    "cos", "div", "embedding", "eq", "exp", "expand", "flatten", "gather", "gelu", "getitem", "interpolate",
     "l2_normalize", "layer_norm", "layer_norm_chw", "linear", "matmul", "max_pool2d", "mean", "mul", "pad",
-    "permute", "relu", "repeat", "reshape", "rms_norm", "sigmoid", "silu", "sin", "softmax", "split", "squeeze",
-    "stack", "sub", "sum_", "tanh", "transpose", "unsqueeze", "view",
+    "permute", "relative_positions", "relu", "repeat", "reshape", "rms_norm", "sigmoid", "silu", "sin", "softmax",
+    "split", "squeeze", "stack", "sub", "sum_", "tanh", "transpose", "unsqueeze", "view", "where",
 ]

@@ -106,7 +106,9 @@ def match(
             binding.dims[sym.name] = a  # type: ignore[attr-defined]
             continue
         want = substitute(p, binding.dims)
-        unbound = [s.name for s in want.symbols() if s.name in free]
+        # the declared axis's own free generics not bound yet (the bound value may reuse a name: the
+        # caller's ``B`` bound to the callee's ``B``)
+        unbound = [s.name for s in p.symbols() if s.name in free and s.name not in binding.dims]
         if unbound:
             out.append(Mismatch(axis, _fmt(want, order), _fmt(a, order),
                                 f"axis {axis}: cannot infer {', '.join(unbound)} from {_fmt(a, order)}"))

@@ -1,0 +1,459 @@
+"""Segment Anything (Kirillov et al., 2023), as ``facebook/sam-vit-base`` ships it.
+
+The image encoder is a ViT on a 64 x 64 grid of 16 px patches of a 1024 px image: windowed layers
+(14 x 14 windows, the grid padded to 70) with a global layer every third, each attention adding
+decomposed relative-position terms, then a convolutional neck down to ``Hd`` channels. The prompt
+encoder (random Fourier features of the prompt coordinates plus learnt per-kind embeddings) lives in
+the root block; the mask decoder is a two-way transformer between prompt tokens and image tokens,
+an upscaling path to 256 x 256, and one hypernetwork MLP per mask token. Every entry returns all
+four masks (the single-mask one first, then the three multimask ones) with their predicted IoUs.
+"""
+
+import math
+
+from ..blocks import Block, Dim, Float, Param, entry, f32
+from ..std import ops
+from ..std.nn import Conv2d, Linear
+
+IMAGE = 1024  # the encoder's input side, in pixels
+GRID = 64  # the patch grid: IMAGE / 16
+WINDOW = 14  # the windowed layers' window side
+MASK_TOKENS = 4  # one single-mask token, then three multimask tokens
+
+
+class LayerNorm(Block):
+    D: Dim
+    T: Float
+    eps: float = 1e-6
+
+    weight: Param["D; T"]
+    bias: Param["D; T"]
+
+    def forward(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
+        return ops.layer_norm(x, self.weight, self.bias, self.eps)
+
+
+class LayerNormCHW(Block):
+    """Layer norm over the channels of a channels-first map (SAM's neck and mask upscaling)."""
+
+    C: Dim
+    T: Float
+    eps = 1e-6  # fixed upstream, whatever the config says
+
+    weight: Param["C; T"]
+    bias: Param["C; T"]
+
+    def forward(self, x: "Tensor[B, C, H, W; T]") -> "Tensor[B, C, H, W; T]":
+        y = ops.layer_norm(x.permute(0, 2, 3, 1), self.weight, self.bias, self.eps)
+        return y.permute(0, 3, 1, 2)
+
+
+class GeluMlp(Block):
+    D: Dim
+    Inner: Dim
+    T: Float
+
+    lin1: Linear["D, Inner, T"]
+    lin2: Linear["Inner, D, T"]
+
+    def forward(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
+        return self.lin2(ops.gelu(self.lin1(x)))
+
+
+class ReluMlp(Block):
+    D: Dim
+    Inner: Dim
+    T: Float
+
+    lin1: Linear["D, Inner, T"]
+    lin2: Linear["Inner, D, T"]
+
+    def forward(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
+        return self.lin2(ops.relu(self.lin1(x)))
+
+
+class FeedForward3(Block):
+    """Three linear layers with ReLU between them (the hypernetworks and the IoU head)."""
+
+    In: Dim
+    Hidden: Dim
+    Out: Dim
+    T: Float
+
+    proj_in: Linear["In, Hidden, T"]
+    hidden: Linear["Hidden, Hidden, T"]
+    proj_out: Linear["Hidden, Out, T"]
+
+    def forward(self, x: "Tensor[*S, In; T]") -> "Tensor[*S, Out; T]":
+        return self.proj_out(ops.relu(self.hidden(ops.relu(self.proj_in(x)))))
+
+
+class Deconv2x2(Block):
+    """A stride-2 transposed 2 x 2 convolution: each pixel becomes a 2 x 2 block."""
+
+    Cin: Dim
+    Cout: Dim
+    T: Float
+
+    weight: Param["Cin, Cout, 2, 2; T"]
+    bias: Param["Cout; T"]
+
+    def forward(self, x: "Tensor[B, Cin, H, W; T]") -> "Tensor[B, Cout, 2 * H, 2 * W; T]":
+        return ops.conv_transpose2x2(x, self.weight, self.bias)
+
+
+# ---------------------------------------------------------------------------------- image encoder
+
+
+class VisionAttention(Block):
+    """Self-attention over a ``Wh x Wh`` window with decomposed relative positions (MViTv2).
+
+    The score of query ``(h, w)`` against key ``(h', w')`` gains ``q . Rh[h - h'] + q . Rw[w - w']``.
+    """
+
+    D: Dim
+    Heads: Dim
+    Wh: Dim
+    T: Float
+    where = "Heads > 0, D % Heads == 0, Wh > 0"
+
+    qkv: Linear["D, 3 * D, T"]
+    proj: Linear["D, D, T"]
+    rel_pos_h: Param["2 * Wh - 1, D / Heads; T"]
+    rel_pos_w: Param["2 * Wh - 1, D / Heads; T"]
+
+    def forward(self, x: "Tensor[Bw, Wh, Wh, D; T]") -> "Tensor[Bw, Wh, Wh, D; T]":
+        Bw = x.shape[0]
+        heads, dh, wh = self.Heads, self.D // self.Heads, self.Wh
+        qkv = self.qkv(x).reshape(Bw, wh * wh, 3, heads, dh).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]  # [Bw, Heads, Wh * Wh, D / Heads]
+        y = ops.attention(q, k, v, bias=self._relative_bias(q))
+        y = y.reshape(Bw, heads, wh, wh, dh).permute(0, 2, 3, 1, 4).reshape(Bw, wh, wh, self.D)
+        return self.proj(y)
+
+    def _relative_bias(self, q):
+        """The decomposed relative-position terms, ``[Bw, Heads, Wh * Wh, Wh * Wh]``."""
+        Bw, heads, _, dh = q.shape
+        wh = self.Wh
+        rh = ops.relative_positions(self.rel_pos_h, wh).transpose(1, 2)  # [Wh(q), D / Heads, Wh(k)]
+        rw = ops.relative_positions(self.rel_pos_w, wh).transpose(1, 2)
+        q = q.reshape(Bw, heads, wh, wh, dh)
+        rel_h = ops.matmul(q, rh)  # [Bw, Heads, h, w, h']
+        rel_w = ops.matmul(q.transpose(2, 3), rw).transpose(2, 3)  # [Bw, Heads, h, w, w']
+        bias = rel_h.unsqueeze(-1) + rel_w.unsqueeze(-2)
+        return bias.reshape(Bw, heads, wh * wh, wh * wh)
+
+
+class VisionLayerWindowed(Block):
+    """A pre-norm layer whose attention runs in 14 x 14 windows of the zero-padded 70 x 70 grid."""
+
+    D: Dim
+    Heads: Dim
+    Inner: Dim
+    T: Float
+    where = "Heads > 0, D % Heads == 0"
+
+    layer_norm1: LayerNorm["D, T"]
+    attn: VisionAttention["D, Heads, 14, T"]
+    layer_norm2: LayerNorm["D, T"]
+    mlp: GeluMlp["D, Inner, T"]
+
+    def forward(self, x: "Tensor[B, 64, 64, D; T]") -> "Tensor[B, 64, 64, D; T]":
+        B = x.shape[0]
+        n = -(-GRID // WINDOW)  # windows per side
+        padded = n * WINDOW
+        h = ops.pad(self.layer_norm1(x), [0, 0, 0, padded - GRID, 0, padded - GRID])
+        h = h.reshape(B, n, WINDOW, n, WINDOW, self.D).permute(0, 1, 3, 2, 4, 5)
+        h = self.attn(h.reshape(B * n * n, WINDOW, WINDOW, self.D))
+        h = h.reshape(B, n, n, WINDOW, WINDOW, self.D).permute(0, 1, 3, 2, 4, 5)
+        h = h.reshape(B, padded, padded, self.D)[:, :GRID, :GRID, :]
+        x = x + h
+        return x + self.mlp(self.layer_norm2(x))
+
+
+class VisionLayerGlobal(Block):
+    """A pre-norm layer whose attention spans the whole 64 x 64 grid."""
+
+    D: Dim
+    Heads: Dim
+    Inner: Dim
+    T: Float
+    where = "Heads > 0, D % Heads == 0"
+
+    layer_norm1: LayerNorm["D, T"]
+    attn: VisionAttention["D, Heads, 64, T"]
+    layer_norm2: LayerNorm["D, T"]
+    mlp: GeluMlp["D, Inner, T"]
+
+    def forward(self, x: "Tensor[B, 64, 64, D; T]") -> "Tensor[B, 64, 64, D; T]":
+        x = x + self.attn(self.layer_norm1(x))
+        return x + self.mlp(self.layer_norm2(x))
+
+
+class VisionNeck(Block):
+    """1 x 1 then 3 x 3 convolutions (no biases) down to ``Hd`` channels, each channel-normed."""
+
+    D: Dim
+    Hd: Dim
+    T: Float
+
+    conv1: Conv2d["D, Hd, 1, 1, 0, T"]
+    ln1: LayerNormCHW["Hd, T"]
+    conv2: Conv2d["Hd, Hd, 3, 1, 1, T"]
+    ln2: LayerNormCHW["Hd, T"]
+
+    def forward(self, x: "Tensor[B, 64, 64, D; T]") -> "Tensor[B, Hd, 64, 64; T]":
+        x = self.ln1(self.conv1(x.permute(0, 3, 1, 2)))
+        return self.ln2(self.conv2(x))
+
+
+class VisionEncoder(Block):
+    D: Dim
+    Heads: Dim
+    Inner: Dim
+    Hd: Dim
+    T: Float
+    where = "Heads > 0, D % Heads == 0"
+
+    patch_embed: Conv2d["3, D, 16, 16, 0, T"]
+    pos_embed: Param["1, 64, 64, D; T"]
+    layer_0: VisionLayerWindowed["D, Heads, Inner, T"]
+    layer_1: VisionLayerWindowed["D, Heads, Inner, T"]
+    layer_2: VisionLayerGlobal["D, Heads, Inner, T"]
+    layer_3: VisionLayerWindowed["D, Heads, Inner, T"]
+    layer_4: VisionLayerWindowed["D, Heads, Inner, T"]
+    layer_5: VisionLayerGlobal["D, Heads, Inner, T"]
+    layer_6: VisionLayerWindowed["D, Heads, Inner, T"]
+    layer_7: VisionLayerWindowed["D, Heads, Inner, T"]
+    layer_8: VisionLayerGlobal["D, Heads, Inner, T"]
+    layer_9: VisionLayerWindowed["D, Heads, Inner, T"]
+    layer_10: VisionLayerWindowed["D, Heads, Inner, T"]
+    layer_11: VisionLayerGlobal["D, Heads, Inner, T"]
+    neck: VisionNeck["D, Hd, T"]
+
+    def forward(self, pixel_values: "Tensor[B, 3, 1024, 1024; T]") -> "Tensor[B, Hd, 64, 64; T]":
+        x = self.patch_embed(pixel_values).permute(0, 2, 3, 1) + self.pos_embed
+        for i in range(12):
+            x = getattr(self, f"layer_{i}")(x)
+        return self.neck(x)
+
+
+# ----------------------------------------------------------------------------------- mask decoder
+
+
+class MaskAttention(Block):
+    """Multi-head attention whose projections may narrow the width to ``Internal``."""
+
+    Hd: Dim
+    Internal: Dim
+    Heads: Dim
+    T: Float
+    where = "Heads > 0, Internal % Heads == 0"
+
+    q_proj: Linear["Hd, Internal, T"]
+    k_proj: Linear["Hd, Internal, T"]
+    v_proj: Linear["Hd, Internal, T"]
+    out_proj: Linear["Internal, Hd, T"]
+
+    def forward(
+        self, query: "Tensor[B, Pts, Q, Hd; T]", key: "Tensor[B, Pts, K, Hd; T]", value: "Tensor[B, Pts, K, Hd; T]"
+    ) -> "Tensor[B, Pts, Q, Hd; T]":
+        B, Pts, Q, _ = query.shape
+
+        def heads(t):
+            b, p, n, _ = t.shape
+            return t.reshape(b, p, n, self.Heads, self.Internal // self.Heads).transpose(2, 3)
+
+        y = ops.attention(heads(self.q_proj(query)), heads(self.k_proj(key)), heads(self.v_proj(value)))
+        return self.out_proj(y.transpose(2, 3).reshape(B, Pts, Q, self.Internal))
+
+
+class TwoWayAttentionBlock(Block):
+    """Tokens attend to themselves, then to the image; the image then attends to the tokens."""
+
+    Hd: Dim
+    Heads: Dim
+    Inner: Dim
+    T: Float
+    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0"
+
+    self_attn: MaskAttention["Hd, Hd, Heads, T"]
+    layer_norm1: LayerNorm["Hd, T"]
+    cross_attn_token_to_image: MaskAttention["Hd, Hd / 2, Heads, T"]
+    layer_norm2: LayerNorm["Hd, T"]
+    mlp: ReluMlp["Hd, Inner, T"]
+    layer_norm3: LayerNorm["Hd, T"]
+    cross_attn_image_to_token: MaskAttention["Hd, Hd / 2, Heads, T"]
+    layer_norm4: LayerNorm["Hd, T"]
+
+    def forward_first(
+        self, queries: "Tensor[B, Pts, Nq, Hd; T]", keys: "Tensor[B, Pts, Nk, Hd; T]",
+        qpe: "Tensor[B, Pts, Nq, Hd; T]", kpe: "Tensor[B, Pts, Nk, Hd; T]",
+    ) -> "(Tensor[B, Pts, Nq, Hd; T], Tensor[B, Pts, Nk, Hd; T])":
+        """The first layer: self-attention without positions and without a residual."""
+        queries = self.layer_norm1(self.self_attn(queries, queries, queries))
+        return self._tail(queries, keys, qpe, kpe)
+
+    def forward_rest(
+        self, queries: "Tensor[B, Pts, Nq, Hd; T]", keys: "Tensor[B, Pts, Nk, Hd; T]",
+        qpe: "Tensor[B, Pts, Nq, Hd; T]", kpe: "Tensor[B, Pts, Nk, Hd; T]",
+    ) -> "(Tensor[B, Pts, Nq, Hd; T], Tensor[B, Pts, Nk, Hd; T])":
+        q = queries + qpe
+        queries = self.layer_norm1(queries + self.self_attn(q, q, queries))
+        return self._tail(queries, keys, qpe, kpe)
+
+    def _tail(
+        self, queries: "Tensor[B, Pts, Nq, Hd; T]", keys: "Tensor[B, Pts, Nk, Hd; T]",
+        qpe: "Tensor[B, Pts, Nq, Hd; T]", kpe: "Tensor[B, Pts, Nk, Hd; T]",
+    ) -> "(Tensor[B, Pts, Nq, Hd; T], Tensor[B, Pts, Nk, Hd; T])":
+        k = keys + kpe
+        queries = self.layer_norm2(queries + self.cross_attn_token_to_image(queries + qpe, k, keys))
+        queries = self.layer_norm3(queries + self.mlp(queries))
+        keys = self.layer_norm4(keys + self.cross_attn_image_to_token(k, queries + qpe, queries))
+        return queries, keys
+
+
+class TwoWayTransformer(Block):
+    Hd: Dim
+    Heads: Dim
+    Inner: Dim
+    T: Float
+    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0"
+    final_eps = 1e-5  # upstream's last norm keeps torch's default eps
+
+    layer_0: TwoWayAttentionBlock["Hd, Heads, Inner, T"]
+    layer_1: TwoWayAttentionBlock["Hd, Heads, Inner, T"]
+    final_attn_token_to_image: MaskAttention["Hd, Hd / 2, Heads, T"]
+    layer_norm_final_attn: LayerNorm["Hd, T"]
+
+    def forward(
+        self, point_embeddings: "Tensor[B, Pts, Nq, Hd; T]", image_embeddings: "Tensor[B, Pts, Nk, Hd; T]",
+        image_pe: "Tensor[B, Pts, Nk, Hd; T]",
+    ) -> "(Tensor[B, Pts, Nq, Hd; T], Tensor[B, Pts, Nk, Hd; T])":
+        queries, keys = self.layer_0.forward_first(point_embeddings, image_embeddings, point_embeddings, image_pe)
+        queries, keys = self.layer_1.forward_rest(queries, keys, point_embeddings, image_pe)
+        attn = self.final_attn_token_to_image(queries + point_embeddings, keys + image_pe, keys)
+        norm = self.layer_norm_final_attn
+        return ops.layer_norm(queries + attn, norm.weight, norm.bias, self.final_eps), keys
+
+
+class MaskDecoder(Block):
+    Hd: Dim
+    Heads: Dim
+    Inner: Dim
+    T: Float
+    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0, Hd % 8 == 0"
+
+    iou_token: Param["1, Hd; T"]
+    mask_tokens: Param["4, Hd; T"]
+    transformer: TwoWayTransformer["Hd, Heads, Inner, T"]
+    upscale_conv1: Deconv2x2["Hd, Hd / 4, T"]
+    upscale_layer_norm: LayerNormCHW["Hd / 4, T"]
+    upscale_conv2: Deconv2x2["Hd / 4, Hd / 8, T"]
+    hyper_mlp_0: FeedForward3["Hd, Hd, Hd / 8, T"]
+    hyper_mlp_1: FeedForward3["Hd, Hd, Hd / 8, T"]
+    hyper_mlp_2: FeedForward3["Hd, Hd, Hd / 8, T"]
+    hyper_mlp_3: FeedForward3["Hd, Hd, Hd / 8, T"]
+    iou_prediction_head: FeedForward3["Hd, Hd, 4, T"]
+
+    def forward(
+        self, image_embeddings: "Tensor[B, Hd, 64, 64; T]", image_pe: "Tensor[B, Hd, 64, 64; T]",
+        sparse_prompt_embeddings: "Tensor[B, Pts, Ns, Hd; T]", dense_prompt_embeddings: "Tensor[B, Hd, 64, 64; T]",
+    ) -> "(Tensor[B, Pts, 4, 256, 256; T], Tensor[B, Pts, 4; T])":
+        B, Pts, _, _ = sparse_prompt_embeddings.shape
+        hd, side = self.Hd, 4 * GRID
+        tokens = ops.cat([self.iou_token, self.mask_tokens], dim=0).expand(B, Pts, 1 + MASK_TOKENS, hd)
+        tokens = ops.cat([tokens, sparse_prompt_embeddings], dim=2)
+
+        def per_prompt(t):  # [B, Hd, 64, 64] -> [B, Pts, 64 * 64, Hd], shared by the prompts of an image
+            return t.flatten(2).transpose(1, 2).unsqueeze(1).expand(B, Pts, GRID * GRID, hd)
+
+        image = per_prompt(image_embeddings + dense_prompt_embeddings)
+        queries, keys = self.transformer(tokens, image, per_prompt(image_pe))
+
+        image = keys.transpose(2, 3).reshape(B * Pts, hd, GRID, GRID)
+        up = ops.gelu(self.upscale_layer_norm(self.upscale_conv1(image)))
+        up = ops.gelu(self.upscale_conv2(up)).reshape(B, Pts, hd // 8, side * side)
+        mlps = (self.hyper_mlp_0, self.hyper_mlp_1, self.hyper_mlp_2, self.hyper_mlp_3)
+        hyper = ops.stack([mlp(queries[:, :, 1 + i, :]) for i, mlp in enumerate(mlps)], dim=2)
+        masks = ops.matmul(hyper, up).reshape(B, Pts, MASK_TOKENS, side, side)
+        return masks, self.iou_prediction_head(queries[:, :, 0, :])
+
+
+# ------------------------------------------------------------------------------------------ model
+
+
+class Model(Block):
+    """SAM: ``encode_image`` once per image, then ``decode_points``/``decode_boxes`` per prompt.
+
+    Points and boxes are in pixels of the 1024 x 1024 model input. Point labels: 1 foreground,
+    0 background, -1 not a point, -10 padding (ignored).
+    """
+
+    D: Dim
+    VisionHeads: Dim
+    VisionInner: Dim
+    Hd: Dim
+    MaskHeads: Dim
+    MaskInner: Dim
+    T: Float = f32
+    where = ("VisionHeads > 0, D % VisionHeads == 0, MaskHeads > 0, Hd % MaskHeads == 0, "
+             "(Hd / 2) % MaskHeads == 0, Hd % 8 == 0, Hd % 2 == 0")
+    imports = ("std.nn.conv", "std.nn.linear", "std.nn.norm")
+
+    vision_encoder: VisionEncoder["D, VisionHeads, VisionInner, Hd, T"]
+    positional_embedding: Param["2, Hd / 2; T"]
+    not_a_point_embed: Param["1, Hd; T"]
+    point_embed_0: Param["1, Hd; T"]
+    point_embed_1: Param["1, Hd; T"]
+    point_embed_2: Param["1, Hd; T"]
+    point_embed_3: Param["1, Hd; T"]
+    no_mask_embed: Param["1, Hd; T"]
+    mask_decoder: MaskDecoder["Hd, MaskHeads, MaskInner, T"]
+
+    @entry
+    def encode_image(self, pixel_values: "Tensor[B, 3, 1024, 1024; T]") -> "Tensor[B, Hd, 64, 64; T]":
+        """The image embedding: normalised pixels (the processor's resize, pad and scaling) in."""
+        return self.vision_encoder(pixel_values)
+
+    @entry
+    def decode_points(
+        self, image_embeddings: "Tensor[B, Hd, 64, 64; T]", input_points: "Tensor[B, Pts, N, 2; T]",
+        input_labels: "Tensor[B, Pts, N; i32]",
+    ) -> "(Tensor[B, Pts, 4, 256, 256; T], Tensor[B, Pts, 4; T])":
+        """Mask logits and IoU predictions for ``Pts`` prompts of ``N`` labelled points each."""
+        # as upstream, one "not a point" is appended to every prompt (at the origin, labelled -1)
+        points = ops.pad(input_points + 0.5, [0, 0, 0, 1])
+        labels = ops.pad(input_labels, [0, 1], value=-1).unsqueeze(-1)
+        emb = self._fourier(points / IMAGE)
+        emb = ops.where(ops.eq(labels, -1), self.not_a_point_embed, emb)
+        emb = ops.where(ops.eq(labels, -10), 0.0, emb)
+        emb = ops.where(ops.eq(labels, 0), emb + self.point_embed_0, emb)
+        emb = ops.where(ops.eq(labels, 1), emb + self.point_embed_1, emb)
+        return self._decode(image_embeddings, emb)
+
+    @entry
+    def decode_boxes(
+        self, image_embeddings: "Tensor[B, Hd, 64, 64; T]", input_boxes: "Tensor[B, Nb, 4; T]"
+    ) -> "(Tensor[B, Nb, 4, 256, 256; T], Tensor[B, Nb, 4; T])":
+        """Mask logits and IoU predictions for ``Nb`` boxes ``(x1, y1, x2, y2)``."""
+        B, Nb, _ = input_boxes.shape
+        corners = ((input_boxes + 0.5) / IMAGE).reshape(B, Nb, 2, 2)
+        corner_kind = ops.cat([self.point_embed_2, self.point_embed_3], dim=0)
+        return self._decode(image_embeddings, self._fourier(corners) + corner_kind)
+
+    def _decode(self, image_embeddings, sparse):
+        B = image_embeddings.shape[0]
+        dense = self.no_mask_embed.reshape(1, self.Hd, 1, 1).expand(B, self.Hd, GRID, GRID)
+        return self.mask_decoder(image_embeddings, self._image_pe(B), sparse, dense)
+
+    def _fourier(self, coords):
+        """Random Fourier features ``[sin, cos](2 pi (2c - 1) G)`` of coordinates in [0, 1]."""
+        c = ops.matmul(coords * 2 - 1, self.positional_embedding) * (2 * math.pi)
+        return ops.cat([ops.sin(c), ops.cos(c)], dim=-1)
+
+    def _image_pe(self, B):
+        """The Fourier features of every grid cell's centre, ``[B, Hd, 64, 64]``."""
+        g = (ops.arange_like(self.positional_embedding, GRID) + 0.5) / GRID
+        xy = ops.stack([g.unsqueeze(0).expand(GRID, GRID), g.unsqueeze(1).expand(GRID, GRID)], dim=-1)
+        return self._fourier(xy).permute(2, 0, 1).unsqueeze(0).expand(B, self.Hd, GRID, GRID)

@@ -1,0 +1,252 @@
+"""SAM ViT-B: the seed's declarations, a clean check, the ops SAM added, and parity with transformers.
+
+The program fixes the seed's 1024 px input, 12 encoder layers and 64 x 64 grid, so the default-run
+parity uses the real structure at small widths (D = Hd = 32); the real widths run under ``-m slow``.
+"""
+
+import pytest
+import torch
+from transformers import SamConfig, SamModel
+from transformers.models.sam.configuration_sam import SamVisionConfig
+from transformers.models.sam.modeling_sam import SamVisionLayer
+
+import kestrel
+from kestrel.blocks import Block, Dim, EntryError, Float, Param
+from kestrel.checker.check import check_block_class, check_program
+from kestrel.inspect.printer import format_block, listed_blocks
+from kestrel.models import sam
+from kestrel.models.cards import CARDS, CardError
+from kestrel.std import ops
+from reference import rel_diff
+from seeds import read_seed
+
+TOL = 1e-4
+
+SMALL = dict(
+    vision_config=dict(hidden_size=32, num_attention_heads=2, mlp_dim=64, output_channels=32, num_pos_feats=16),
+    prompt_encoder_config=dict(hidden_size=32),
+    mask_decoder_config=dict(hidden_size=32, num_attention_heads=2, mlp_dim=64, iou_head_hidden_dim=32),
+)
+
+
+# ---------------------------------------------------------------------------------------- declarations
+
+
+def test_every_block_prints_exactly_as_the_seed():
+    seed = read_seed("000")
+    ours = {b.qualname: format_block(b) for b in listed_blocks(sam.Model)}
+    assert list(ours) == list(seed.blocks)
+    for name, text in seed.blocks.items():
+        assert ours[name] == text, f"{name}:\n{ours[name]}\n--- seed:\n{text}"
+
+
+def test_program_checks_clean():
+    report = check_program(sam.Model)
+    assert report.ok, "\n".join(map(str, report.diagnostics))
+    assert report.checked == 22  # every function of every block ran symbolically
+
+
+def test_card_binds_the_seed_generics():
+    card = CARDS["sam-vit-base"]
+    assert card.family.root(card.config) is sam.Model
+    assert card.generics() == {"D": 768, "VisionHeads": 12, "VisionInner": 3072, "Hd": 256, "MaskHeads": 8,
+                               "MaskInner": 2048, "T": "f32"}
+    assert card.family.settings(card.config) == {"eps": 1e-6}
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"vision_config": {"num_hidden_layers": 24}}, "num_hidden_layers"),
+    ({"vision_config": {"global_attn_indexes": [5, 11, 17, 23]}}, "global_attn_indexes"),
+    ({"vision_config": {"image_size": 512}}, "image_size"),
+    ({"mask_decoder_config": {"hidden_size": 128}}, "hidden_size"),
+])
+def test_card_refuses_what_the_program_fixes(change, field):
+    card = CARDS["sam-vit-base"]
+    cfg = {k: (dict(v, **change.get(k, {})) if isinstance(v, dict) else v) for k, v in card.config.items()}
+    with pytest.raises(ValueError, match=field):
+        card.family.generics(cfg)
+
+
+# ------------------------------------------------------------------------------------------- std ops
+
+
+def test_relative_positions_matches_plain_torch():
+    table = torch.randn(2 * 5 - 1, 3)
+    idx = torch.arange(5)
+    want = table[(idx[:, None] - idx[None, :] + 4).long()]
+    assert torch.equal(ops.relative_positions(table, 5), want)
+    assert torch.equal(ops.relative_positions(table, 5)[2, 2], table[4])
+
+
+def test_eq_and_where_match_plain_torch():
+    labels = torch.tensor([[1, 0], [-1, -10]], dtype=torch.int32)
+    a, b = torch.randn(2, 2, 3), torch.randn(1, 3)
+    cond = ops.eq(labels, -1)[..., None]
+    assert torch.equal(cond, (labels == -1)[..., None])
+    assert torch.equal(ops.where(cond, b, a), torch.where(cond, b, a))
+    assert torch.equal(ops.where(cond, 0.0, a), torch.where(cond, 0.0, a))
+
+
+class _BadRelative(Block, module="test_sam"):
+    N: Dim
+    C: Dim
+    T: Float
+
+    table: Param["2 * N, C; T"]
+
+    def forward(self, x: "Tensor[N, N, C; T]") -> "Tensor[N, N, C; T]":
+        return x + ops.relative_positions(self.table, self.N)
+
+
+class _BadWhere(Block, module="test_sam"):
+    N: Dim
+    T: Float
+
+    def forward(self, x: "Tensor[N; T]", y: "Tensor[N; i32]") -> "Tensor[N; T]":
+        return ops.where(y, x, 0.0)
+
+
+def test_new_op_rules_report_misuse():
+    diag = check_block_class(_BadRelative).diagnostics
+    assert len(diag) == 1 and "2n - 1" in diag[0].message
+    diag = check_block_class(_BadWhere).diagnostics
+    assert len(diag) == 1 and "bool tensor" in diag[0].message
+
+
+# -------------------------------------------------------------------------------------------- parity
+
+
+def _seeded_sam(config: dict, seed: int = 0) -> SamModel:
+    """A transformers SamModel with random weights everywhere.
+
+    Upstream zero-initialises the positions and draws the encoder's weights with std 1e-10, which
+    would leave the image embedding independent of the image: every matrix gets std 1/sqrt(fan-in)
+    here, and the Fourier matrix std 1 as in the released checkpoints.
+    """
+    torch.manual_seed(seed)
+    ref = SamModel(SamConfig(**config)).eval()
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if name.endswith(("rel_pos_h", "rel_pos_w", "pos_embed")):
+                p.normal_(0, 0.5)
+            elif name.endswith("positional_embedding"):
+                p.normal_(0, 1.0)
+            elif p.dim() >= 2:
+                p.normal_(0, p[0].numel() ** -0.5)
+            elif "norm" in name and name.endswith("weight"):
+                p.add_(torch.randn_like(p) * 0.1)
+            elif name.endswith("bias"):
+                p.normal_(0, 0.02)
+    return ref
+
+
+POINTS = torch.tensor([[[[500.0, 300.0], [100.0, 900.0]], [[10.0, 20.0], [1000.0, 3.0]], [[7.0, 1010.0],
+                                                                                          [300.0, 301.0]]]])
+LABELS = torch.tensor([[[1, 0], [1, -10], [0, -1]]], dtype=torch.int32)
+BOXES = torch.tensor([[[100.0, 200.0, 500.0, 700.0], [0.0, 0.0, 1023.0, 1023.0], [3.0, 4.0, 50.0, 60.0]]])
+
+
+def _reference_masks(ref: SamModel, emb: torch.Tensor, **prompts) -> tuple[torch.Tensor, torch.Tensor]:
+    """All four masks: upstream returns the single-mask output or the three multimask ones."""
+    with torch.no_grad():
+        one = ref(image_embeddings=emb, multimask_output=False, **prompts)
+        three = ref(image_embeddings=emb, multimask_output=True, **prompts)
+    return torch.cat([one.pred_masks, three.pred_masks], 2), torch.cat([one.iou_scores, three.iou_scores], 2)
+
+
+def _check_decoders(ref: SamModel, ours, emb: torch.Tensor, figures: dict[str, float]) -> None:
+    b = emb.shape[0]
+    points, labels, boxes = POINTS.expand(b, -1, -1, -1), LABELS.expand(b, -1, -1), BOXES.expand(b, -1, -1)
+    want_masks, want_iou = _reference_masks(ref, emb, input_points=points, input_labels=labels)
+    with torch.no_grad():
+        masks, iou = ours.decode_points(emb, points, labels)
+    figures["points masks"], figures["points iou"] = rel_diff(masks, want_masks), rel_diff(iou, want_iou)
+    want_masks, want_iou = _reference_masks(ref, emb, input_boxes=boxes)
+    with torch.no_grad():
+        masks, iou = ours.decode_boxes(emb, boxes)
+    figures["boxes masks"], figures["boxes iou"] = rel_diff(masks, want_masks), rel_diff(iou, want_iou)
+    assert max(figures.values()) <= TOL, figures
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    ref = _seeded_sam(SMALL)
+    path = tmp_path_factory.mktemp("sam-small")
+    ref.save_pretrained(path)
+    return ref, kestrel.load(path)
+
+
+def test_small_image_encoder_matches_reference(small):
+    ref, ours = small
+    x = torch.randn(1, 3, 1024, 1024)
+    with torch.no_grad():
+        want = ref.get_image_embeddings(x)
+        got = ours.encode_image(x)
+    assert got.shape == (1, 32, 64, 64)
+    assert rel_diff(got, want) <= TOL
+    with torch.no_grad():  # the weights are random enough that the embedding depends on the image
+        assert rel_diff(ours.encode_image(torch.randn(1, 3, 1024, 1024)), want) > 0.1
+
+
+def test_small_decoders_match_reference(small):
+    ref, ours = small
+    emb = torch.randn(2, 32, 64, 64)
+    figures: dict[str, float] = {}
+    _check_decoders(ref, ours, emb, figures)
+
+
+def test_loaded_model_drops_the_neck_biases(small):
+    _, ours = small
+    neck = ours.vision_encoder.neck
+    assert neck.conv1.bias is None and neck.conv2.bias is None
+    assert ours.vision_encoder.patch_embed.bias is not None
+
+
+@pytest.mark.parametrize("window", [14, 0])
+def test_vision_layer_matches_reference(window):
+    torch.manual_seed(1)
+    cfg = SamVisionConfig(hidden_size=32, num_attention_heads=2, mlp_dim=64)
+    cfg._attn_implementation = "sdpa"
+    ref = SamVisionLayer(cfg, window_size=window).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.normal_(0, 0.3)
+    block = (sam.VisionLayerWindowed if window else sam.VisionLayerGlobal)(D=32, Heads=2, Inner=64, T="f32")
+    block.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 64, 64, 32)
+    with torch.no_grad():
+        assert rel_diff(block(x), ref(x)) <= TOL
+
+
+def test_entries_check_their_inputs(small):
+    _, ours = small
+    with pytest.raises(EntryError, match="input_labels"):
+        ours.decode_points(torch.randn(1, 32, 64, 64), POINTS, LABELS.long())
+    with pytest.raises(EntryError, match="pixel_values"):
+        ours.encode_image(torch.randn(1, 3, 512, 512))
+
+
+def test_load_refuses_a_large_config(tmp_path):
+    cfg = SamConfig(**{**SMALL, "vision_config": dict(SMALL["vision_config"], num_hidden_layers=24,
+                                                       global_attn_indexes=[5, 11, 17, 23])})
+    cfg.save_pretrained(tmp_path)
+    with pytest.raises(CardError, match="num_hidden_layers"):
+        kestrel.load(tmp_path)
+
+
+@pytest.mark.slow
+def test_sam_vit_base_real_config(tmp_path):
+    card = CARDS["sam-vit-base"]
+    config = {k: v for k, v in card.config.items() if k != "model_type"}
+    ref = _seeded_sam(config)
+    ref.save_pretrained(tmp_path)
+    ours = kestrel.load(tmp_path)
+    assert {k: v for k, v in ours.generics.items() if k != "T"} == {
+        k: v for k, v in card.generics().items() if k != "T"}
+    x = torch.randn(1, 3, 1024, 1024)
+    with torch.no_grad():
+        want = ref.get_image_embeddings(x)
+        got = ours.encode_image(x)
+    figures = {"image embeddings": rel_diff(got, want)}
+    _check_decoders(ref, ours, want, figures)
+    print(figures)
