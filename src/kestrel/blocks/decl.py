@@ -6,8 +6,10 @@ check`` with its file and line instead of failing the import of every model.
 
 from __future__ import annotations
 
+import ast
 import inspect
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Union
@@ -150,7 +152,7 @@ def read_block(cls: type, module: str) -> BlockDecl:
     except (OSError, TypeError):
         lines, first = [], 0
     member_line = _member_lines(lines, first)
-    annotations = cls.__dict__.get("__annotations__", {})
+    annotations = _class_annotations(cls)
 
     generics: list[GenericDecl] = []
     for name, ann in annotations.items():
@@ -189,6 +191,36 @@ def read_block(cls: type, module: str) -> BlockDecl:
         if inspect.isfunction(fn) and not pyname.startswith("__") and fn.__annotations__:
             decl.functions.append(_read_function(pyname, fn, decl))
     return decl
+
+
+def _class_annotations(cls: type) -> dict[str, Any]:
+    """The class body's annotations as objects, also under ``from __future__ import annotations``."""
+    raw = dict(cls.__dict__.get("__annotations__", {}))
+    if not any(isinstance(a, str) for a in raw.values()):
+        return raw
+    module = sys.modules.get(cls.__module__)
+    env = dict(vars(module)) if module is not None else {}
+    local = dict(cls.__dict__)
+    out: dict[str, Any] = {}
+    for name, ann in raw.items():
+        if isinstance(ann, str):
+            try:
+                ann = eval(ann, env, local)  # the text of ``Param["D; T"]``, ``Dim``, ``Linear["D, D, T"]``
+            except Exception:
+                pass  # not one of kestrel's declarations: left as text, as before
+        out[name] = ann
+    return out
+
+
+def _type_text(annotation: Any) -> Any:
+    """A function annotation's notation; postponed evaluation keeps ``"Tensor[...]"`` with its quotes."""
+    if isinstance(annotation, str) and len(annotation) >= 2 and annotation[0] == annotation[-1] in "'\"":
+        try:
+            value = ast.literal_eval(annotation)
+        except (ValueError, SyntaxError):
+            return annotation
+        return value if isinstance(value, str) else annotation
+    return annotation
 
 
 def _member_lines(lines: list[str], first: int) -> dict[str, int]:
@@ -272,12 +304,13 @@ def _read_function(pyname: str, fn: Callable[..., Any], decl: BlockDecl) -> FnDe
     params: list[tuple[str, Type]] = []
     try:
         for pname, p in list(sig.parameters.items())[1:]:
-            if p.annotation is inspect.Parameter.empty or not isinstance(p.annotation, str):
+            ann = _type_text(p.annotation)
+            if ann is inspect.Parameter.empty or not isinstance(ann, str):
                 raise DeclarationError(
                     f"{decl.qualname}.{pyname}: parameter {pname} needs a type such as \"Tensor[B, N, D; T]\"",
                     file, line)
-            params.append((pname, parse_type(p.annotation, scope, decl.order)))
-        ret = sig.return_annotation
+            params.append((pname, parse_type(ann, scope, decl.order)))
+        ret = _type_text(sig.return_annotation)
         if ret is inspect.Signature.empty or not isinstance(ret, str):
             raise DeclarationError(f"{decl.qualname}.{pyname}: the result needs a type", file, line)
         result = parse_type(ret, scope, decl.order)

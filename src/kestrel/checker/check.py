@@ -8,6 +8,7 @@ instantiated with the caller's generics (callee bodies are checked once, generic
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -240,7 +241,7 @@ def check_function(decl: BlockDecl, fn: FnDecl) -> tuple[Graph, list[Diagnostic]
     diags: list[Diagnostic] = []
 
     def diag(message: str, file: str | None, line: int | None, hint: str | None = None) -> None:
-        diags.append(Diagnostic(decl.qualname, fn.name, message, file, line, hint))
+        diags.append(Diagnostic(decl.qualname, fn.name, message, file, line, _where_hint(decl, hint)))
 
     with checking(ctx):
         args = []
@@ -260,6 +261,14 @@ def check_function(decl: BlockDecl, fn: FnDecl) -> tuple[Graph, list[Diagnostic]
             return graph, diags
         _check_result(fn, out, ctx, diag)
     return graph, diags
+
+
+def _where_hint(decl: BlockDecl, hint: str | None) -> str | None:
+    """The suggested fact, when a ``where`` clause can say it: only block generics, not ``B`` or ``N``."""
+    if hint is None:
+        return None
+    names = set(re.findall(r"[A-Za-z_]\w*", hint)) - {"min", "max"}
+    return hint if names <= {g.name for g in decl.generics if g.is_dim} else None
 
 
 def _check_result(fn: FnDecl, out: Any, ctx: Context, diag: Any) -> None:

@@ -97,9 +97,9 @@ class Facts:
         lows = self._lower_bounds()
         shift = {name: Poly.sym(name) + low for name, low in lows.items() if low != 0}
         p = substitute(p, shift)  # X >= c: write X as c + X' with X' >= 0
-        return all(c >= 0 for _, c in p.terms) and all(
-            self._atom_nonneg(a) for m, _ in p.terms for a in m
-        )
+        # From here on p is over the shifted X' (each a natural number): the facts speak of the
+        # unshifted X, so nested atoms are judged by their structure only, never shifted again.
+        return _nonneg_shifted(p)
 
     def positive(self, p: Poly) -> bool:
         return self.nonneg(p - 1)
@@ -112,27 +112,35 @@ class Facts:
 
     # helpers --------------------------------------------------------------------------------
     def _lower_bounds(self) -> dict[str, int]:
+        """``X >= c`` for the facts of the form ``X + k >= c`` (``X > 0``, ``X >= 1``, ``X > 2``)."""
         lows: dict[str, int] = {}
         for f in self.facts:
             if f.kind == "ge" and f.rhs.is_const:
-                s = f.lhs.as_atom()
+                k = f.lhs.const_term()
+                s = (f.lhs - k).as_atom()
                 if isinstance(s, Sym):
-                    lows[s.name] = max(lows.get(s.name, 0), f.rhs.value)
+                    lows[s.name] = max(lows.get(s.name, 0), f.rhs.value - k)
         return lows
 
-    def _atom_nonneg(self, a: Atom) -> bool:
-        if isinstance(a, Sym):
-            return True  # every dimension is a natural number
-        assert isinstance(a, _Binary)
-        if isinstance(a, Mod):
-            return self.positive(a.b)
-        if isinstance(a, FloorDiv):
-            return self.nonneg(a.a) and self.positive(a.b)
-        if isinstance(a, Min):
-            return self.nonneg(a.a) and self.nonneg(a.b)
-        if isinstance(a, Max):
-            return self.nonneg(a.a) or self.nonneg(a.b)
-        return False
+
+def _nonneg_shifted(p: Poly) -> bool:
+    """Structurally nonnegative: coefficients >= 0 over atoms that are (every symbol is natural)."""
+    return all(c >= 0 for _, c in p.terms) and all(_atom_nonneg(a) for m, _ in p.terms for a in m)
+
+
+def _atom_nonneg(a: Atom) -> bool:
+    if isinstance(a, Sym):
+        return True  # every dimension is a natural number
+    assert isinstance(a, _Binary)
+    if isinstance(a, Mod):
+        return _nonneg_shifted(a.b - 1)
+    if isinstance(a, FloorDiv):
+        return _nonneg_shifted(a.a) and _nonneg_shifted(a.b - 1)
+    if isinstance(a, Min):
+        return _nonneg_shifted(a.a) and _nonneg_shifted(a.b)
+    if isinstance(a, Max):
+        return _nonneg_shifted(a.a) or _nonneg_shifted(a.b)
+    return False
 
 
 def _cancel_exact_divisions(p: Poly, divisors: list[tuple[Poly, Poly]]) -> Poly:

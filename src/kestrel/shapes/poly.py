@@ -361,11 +361,37 @@ def mod(n: Poly, d: Poly) -> Poly:
         n = split[1]  # (d * q + r) mod d == r mod d
     if n == ZERO:
         return ZERO
+    if d.is_const and n.is_const:  # the remainder may have become a constant: (2 * H + 1) % 2 is 1
+        return Poly.const(n.value % d.value)
     return Poly.atom(Mod(n, d))
 
 
 def _structurally_nonneg(p: Poly) -> bool:
-    return all(c >= 0 for _, c in p.terms)
+    """Nonnegative for every binding of the symbols to natural numbers, from the structure alone.
+
+    Divisors are positive (the checker proves it), so ``n / d`` is nonnegative when ``n`` is and
+    ``n % d`` always is; symbols are natural numbers.
+    """
+    return all(c >= 0 for _, c in p.terms) and all(_atom_nonneg(a) for m, _ in p.terms for a in m)
+
+
+def _atom_nonneg(a: Atom) -> bool:
+    if isinstance(a, Sym):
+        return True
+    if isinstance(a, Mod):  # a negative constant divisor gives a remainder in (d, 0]
+        return _structurally_nonneg(a.b)
+    if isinstance(a, FloorDiv):
+        return _structurally_nonneg(a.a)
+    if isinstance(a, Min):
+        return _structurally_nonneg(a.a) and _structurally_nonneg(a.b)
+    if isinstance(a, Max):
+        return _structurally_nonneg(a.a) or _structurally_nonneg(a.b)
+    return False
+
+
+def _operand_key(p: Poly) -> tuple:
+    """A total order on polynomials, so ``min(a, b)`` and ``min(b, a)`` intern the same atom."""
+    return tuple((_mono_key(t), t[1]) for t in p.terms)
 
 
 def minimum(a: Poly, b: Poly) -> Poly:
@@ -375,7 +401,7 @@ def minimum(a: Poly, b: Poly) -> Poly:
         return a
     if _structurally_nonneg(a - b):
         return b
-    x, y = sorted((a, b), key=lambda p: p.terms and tuple(_mono_key(t) for t in p.terms))
+    x, y = sorted((a, b), key=_operand_key)
     return Poly.atom(Min(x, y))
 
 
@@ -386,7 +412,7 @@ def maximum(a: Poly, b: Poly) -> Poly:
         return b
     if _structurally_nonneg(a - b):
         return a
-    x, y = sorted((a, b), key=lambda p: p.terms and tuple(_mono_key(t) for t in p.terms))
+    x, y = sorted((a, b), key=_operand_key)
     return Poly.atom(Max(x, y))
 
 

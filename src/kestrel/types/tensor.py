@@ -121,11 +121,13 @@ class TypeParser(Parser):
         """``dims; dtype`` — the inside of ``Tensor[...]``, also a param's short form."""
         dims: list[DimItem] = []
         if self.tok.text != ";":
-            dims.append(self.dim_item())
-            while self.accept(","):
+            while True:
+                start = self.tok
                 dims.append(self.dim_item())
-        if sum(isinstance(d, Variadic) for d in dims) > 1:
-            raise self.error("at most one variadic run (*S) per tensor type")
+                if sum(isinstance(d, Variadic) for d in dims) > 1:  # point at the second run
+                    raise self.error("at most one variadic run (*S) per tensor type", start)
+                if not self.accept(","):
+                    break
         self.expect(";")
         return TensorType(tuple(dims), self.dtype())
 
