@@ -298,7 +298,7 @@ def _read_dtype_arg(p: Parser, scope: Scope, g: GenericDecl, callee: BlockDecl, 
 def _read_function(pyname: str, fn: Callable[..., Any], decl: BlockDecl) -> FnDecl:
     fn = inspect.unwrap(fn)  # entries are wrapped with their run-time input check
     file = inspect.getsourcefile(fn) or decl.file
-    line = fn.__code__.co_firstlineno
+    line = _def_line(fn)
     sig = inspect.signature(fn)
     scope = decl.scope(free=True)
     params: list[tuple[str, Type]] = []
@@ -325,3 +325,14 @@ def _read_function(pyname: str, fn: Callable[..., Any], decl: BlockDecl) -> FnDe
     name = pyname[1:] if pyname.startswith("_") else pyname
     return FnDecl(name, pyname, visibility, tuple(scope.new_order), tuple(params), result, fn, file, line)
 
+
+def _def_line(fn: Callable[..., Any]) -> int:
+    """The line of the ``def`` itself (``co_firstlineno`` points at the first decorator)."""
+    try:
+        lines, first = inspect.getsourcelines(fn)
+    except (OSError, TypeError):
+        return fn.__code__.co_firstlineno
+    for i, text in enumerate(lines):
+        if re.match(r"\s*(async\s+)?def\s", text):
+            return first + i
+    return first

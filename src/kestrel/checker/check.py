@@ -35,7 +35,9 @@ class Diagnostic:
     def format(self) -> str:
         where = f"{_relative(self.file)}:{self.line}: " if self.file else ""
         what = f"{self.block}.{self.function}" if self.function else self.block
-        text = f"{where}error: in {what}: {self.message}"
+        # a declaration error's message already says which block and member it is in
+        scope = "" if self.block == "declaration" else f"in {what}: "
+        text = f"{where}error: {scope}{self.message}"
         if self.hint:
             text += f"\n    hint: add `where {self.hint}` to {self.block}"
         return text
@@ -389,7 +391,7 @@ def check_program(root: type[Block]) -> Report:
     try:
         classes = program_blocks(root)
     except DeclarationError as e:
-        report.diagnostics.append(Diagnostic(root.__name__, None, e.message, e.file, e.line))
+        report.diagnostics.append(Diagnostic("declaration", None, e.message, e.file, e.line))
         return report
     for cls in classes:
         decl = cls.decl()
@@ -409,7 +411,7 @@ def check_block_class(cls: type[Block]) -> Report:
     try:
         decl = cls.decl()
     except DeclarationError as e:
-        report.diagnostics.append(Diagnostic(cls.__name__, None, e.message, e.file, e.line))
+        report.diagnostics.append(Diagnostic("declaration", None, e.message, e.file, e.line))
         return report
     report.blocks.append(decl)
     report.diagnostics.extend(check_block(decl))
