@@ -209,20 +209,14 @@ def _checked_entry(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def check_entry_inputs(block: Block, fn: FnDecl, args: tuple, kwargs: dict) -> Binding:
     """Match the actual tensors with the declared parameter types; raise EntryError naming the problem."""
-    names = [n for n, _ in fn.params]
-    if len(args) > len(names):
-        raise EntryError(f"{fn.name} takes {len(names)} inputs ({', '.join(names)}), given {len(args)}")
-    values = dict(zip(names, args))
-    for k, v in kwargs.items():
-        if k not in names:
-            raise EntryError(f"{fn.name} has no input {k!r}; its inputs are {', '.join(names)}")
-        values[k] = v
+    try:
+        values = fn.arguments(args, kwargs)
+    except ValueError as e:
+        raise EntryError(str(e)) from None
     dims = {k: v for k, v in block.generics.items() if isinstance(v, int)}
     dtypes = {k: v for k, v in block.generics.items() if isinstance(v, DType)}
     binding = Binding()
     for name, declared in fn.params:
-        if name not in values:
-            raise EntryError(f"{fn.name}: missing input {name!r}")
         value = values[name]
         assert not isinstance(declared, TupleType)
         want = declared.substitute(dims, dtypes)  # type: ignore[arg-type]

@@ -93,6 +93,21 @@ class FnDecl:
     def free_dims(self) -> set[str]:
         return {n for n, k in self.generics if k == "Dim"}
 
+    def arguments(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        """Positional and keyword arguments by parameter name; ValueError naming what does not fit."""
+        names = [n for n, _ in self.params]
+        if len(args) > len(names):
+            raise ValueError(f"{self.name} takes {len(names)} inputs ({', '.join(names)}), given {len(args)}")
+        values = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k not in names:
+                raise ValueError(f"{self.name} has no input {k!r}; its inputs are {', '.join(names)}")
+            values[k] = v
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise ValueError(f"{self.name}: missing input {missing[0]!r}")
+        return values
+
 
 @dataclass
 class BlockDecl:

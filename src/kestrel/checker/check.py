@@ -175,14 +175,10 @@ def call_declared(callee: BlockDecl, fn: FnDecl, dims: dict[str, Poly], dtypes: 
                   args: tuple, kwargs: dict, label: str, own: bool = False) -> Any:
     """Check a call against ``fn``'s declared signature; return symbolic results of its declared type."""
     ctx = current()
-    names = [n for n, _ in fn.params]
-    if len(args) > len(names):
-        raise ShapeError(f"{label} takes {len(names)} arguments, given {len(args)}")
-    given = dict(zip(names, args))
-    for k, v in kwargs.items():
-        if k not in names:
-            raise ShapeError(f"{label} has no parameter {k!r}")
-        given[k] = v
+    try:
+        given = fn.arguments(args, kwargs)
+    except ValueError as e:
+        raise ShapeError(f"{label}: {e}") from None
     free = {n for n, k in fn.generics if k == "Dim"}
     rename = {n: Poly.sym(n + "'") for n in free if any(n in {s.name for s in p.symbols()} for p in dims.values())}
     mapping: dict[str, Poly] = {**dims, **rename}
@@ -191,8 +187,6 @@ def call_declared(callee: BlockDecl, fn: FnDecl, dims: dict[str, Poly], dtypes: 
     inputs: list[SymTensor] = []
     sig = f"{callee.name}<{', '.join(_fmt_arg(a) for a in _args_in_order(callee, dims, dtypes))}>.{fn.name}"
     for name, declared in fn.params:
-        if name not in given:
-            raise ShapeError(f"{label}: missing argument {name!r}")
         value = given[name]
         assert isinstance(declared, TensorType)
         want = declared.substitute(mapping, dtypes)  # type: ignore[arg-type]
@@ -385,14 +379,7 @@ def program_blocks(root: type[Block]) -> list[type[Block]]:
     return list(seen)
 
 
-def check_program(root: type[Block]) -> Report:
-    """Check every function of every block of the program rooted at ``root``."""
-    report = Report(root.__name__)
-    try:
-        classes = program_blocks(root)
-    except DeclarationError as e:
-        report.diagnostics.append(Diagnostic("declaration", None, e.message, e.file, e.line))
-        return report
+def _check_classes(report: Report, classes: list[type[Block]]) -> Report:
     for cls in classes:
         decl = cls.decl()
         report.blocks.append(decl)
@@ -405,22 +392,29 @@ def check_program(root: type[Block]) -> Report:
     return report
 
 
+def check_program(root: type[Block]) -> Report:
+    """Check every function of every block of the program rooted at ``root``."""
+    return _check_reading(root, lambda: program_blocks(root))
+
+
 def check_block_class(cls: type[Block]) -> Report:
     """Check one block's own functions (not its subs' bodies)."""
-    report = Report(cls.__name__)
+
+    def classes() -> list[type[Block]]:
+        cls.decl()  # read it here, so a declaration error becomes a diagnostic
+        return [cls]
+
+    return _check_reading(cls, classes)
+
+
+def _check_reading(root: type[Block], classes) -> Report:
+    report = Report(root.__name__)
     try:
-        decl = cls.decl()
+        found = classes()
     except DeclarationError as e:
         report.diagnostics.append(Diagnostic("declaration", None, e.message, e.file, e.line))
         return report
-    report.blocks.append(decl)
-    report.diagnostics.extend(check_block(decl))
-    for fn in decl.functions:
-        graph, diags = check_function(decl, fn)
-        report.graphs[(decl.qualname, fn.name)] = graph
-        report.diagnostics.extend(diags)
-        report.checked += 1
-    return report
+    return _check_classes(report, found)
 
 
 __all__ = ["Diagnostic", "Report", "SymDim", "check_block_class", "check_function", "check_program"]

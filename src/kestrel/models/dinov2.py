@@ -75,6 +75,15 @@ class EncoderLayer(Block):
         return x + self.layer_scale2(self.down(ops.gelu(self.up(self.norm2(x)))))
 
 
+def _tokens(model, patches):
+    """Class token and positions, the layers, the final norm: shared by both DINOv2 roots."""
+    cls = model.class_token.expand(patches.shape[0], -1, -1)
+    x = ops.cat([cls, patches], dim=1) + model.positions
+    for layer in model.layers:
+        x = layer(x)
+    return model.norm(x)
+
+
 class Model(Block):
     Height: Dim
     Width: Dim
@@ -99,12 +108,7 @@ class Model(Block):
     def forward(
         self, image: "Tensor[B, Channels, Height, Width; T]"
     ) -> "Tensor[B, 1 + (Height / Patch) * (Width / Patch), D; T]":
-        x = self._embed(image)
-        cls = self.class_token.expand(x.shape[0], -1, -1)
-        x = ops.cat([cls, x], dim=1) + self.positions
-        for layer in self.layers:
-            x = layer(x)
-        return self.norm(x)
+        return _tokens(self, self._embed(image))
 
     def _embed(
         self, image: "Tensor[B, Channels, Height, Width; T]"
@@ -177,9 +181,4 @@ class SwiGluModel(Block, module="dinov2.swiglu"):
     def forward(
         self, image: "Tensor[B, Channels, Height, Width; T]"
     ) -> "Tensor[B, 1 + (Height / Patch) * (Width / Patch), D; T]":
-        x = Model._embed(self, image)
-        cls = self.class_token.expand(x.shape[0], -1, -1)
-        x = ops.cat([cls, x], dim=1) + self.positions
-        for layer in self.layers:
-            x = layer(x)
-        return self.norm(x)
+        return _tokens(self, Model._embed(self, image))
