@@ -93,6 +93,7 @@ def load(name_or_dir: str | os.PathLike[str], *, weights: str | os.PathLike[str]
     model = _build(root, family, config, bound, directory)
     model.configure(**family.settings(config))
     model.loaded = Loaded(family, directory, config, bound, card)  # type: ignore[assignment]
+    model.requires_grad_(False)  # an inference model; call requires_grad_(True) to fine-tune
     return model.eval().to(device)
 
 

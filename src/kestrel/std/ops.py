@@ -8,6 +8,7 @@ see plain aten ops. Rules compute the result type from the argument types and ra
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -176,9 +177,28 @@ def _(x: SymTensor, approximate: str = "none") -> SymTensor:
 # ----------------------------------------------------------------------------- linear algebra
 
 
+# oneDNN's f32 GEMM runs about twice as fast as torch's default (MKL) on the AMD CPUs we measured
+# (bench/run.py prints both peaks). Only plain eager tensors take it: traced, compiled and exported
+# graphs see tensor subclasses and keep F.linear, and autograd keeps F.linear too.
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+USE_ONEDNN_LINEAR = _ONEDNN and os.environ.get("KESTREL_ONEDNN", "1") != "0"
+
+
+def _onednn_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (USE_ONEDNN_LINEAR and type(x) is torch.Tensor and type(weight) in (torch.Tensor, torch.nn.Parameter)
+            and x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
+
+
 @op("linear")
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ weight.T + bias`` over the last axis: ``[*S, In] -> [*S, Out]``."""
+    """``x @ weight.T + bias`` over the last axis: ``[*S, In] -> [*S, Out]``.
+
+    Kernel: oneDNN's f32 GEMM for eager inference on CPU (``KESTREL_ONEDNN=0`` turns it off),
+    ``F.linear`` otherwise; both compute the same sum in a different order (~1e-6 relative).
+    """
+    if _onednn_ok(x, weight):
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
 
 
