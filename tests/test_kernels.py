@@ -32,6 +32,8 @@ def test_autograd_tracing_and_other_dtypes_keep_f_linear():
     assert not ops._onednn_ok(x.double(), w.double())
     assert not ops._onednn_ok(x.t(), torch.randn(6, 4))  # not contiguous
 
+    compiled = torch.compile(_Linear(w.detach()), backend="aot_eager", fullgraph=True)
+    assert torch.allclose(compiled(x), F.linear(x, w.detach()))
     graph = torch.export.export(_Linear(w.detach()), (x,)).graph
     targets = {str(n.target) for n in graph.nodes if n.op == "call_function"}
     assert not any("mkldnn" in t for t in targets), targets

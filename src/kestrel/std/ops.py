@@ -185,7 +185,10 @@ USE_ONEDNN_LINEAR = _ONEDNN and os.environ.get("KESTREL_ONEDNN", "1") != "0"
 
 
 def _onednn_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (USE_ONEDNN_LINEAR and type(x) is torch.Tensor and type(weight) in (torch.Tensor, torch.nn.Parameter)
+    # dynamo models type(x) as torch.Tensor, hence the explicit is_compiling(): compiled graphs
+    # keep F.linear, which inductor lowers (and may hand to oneDNN itself with frozen weights)
+    return (USE_ONEDNN_LINEAR and not torch.compiler.is_compiling()
+            and type(x) is torch.Tensor and type(weight) in (torch.Tensor, torch.nn.Parameter)
             and x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
 
