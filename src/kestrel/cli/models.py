@@ -51,13 +51,17 @@ def _targets(names: list[str]) -> list[tuple[str, type[Block]]]:
     return out
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     failed = 0
     for label, root in _targets(args.models):
         report: Report = check_program(root)
         status = "ok" if report.ok else f"{len(report.diagnostics)} error(s)"
-        print(f"{label}: {root.decl().qualname}: {len(report.blocks)} blocks, {report.checked} functions "
-              f"checked: {status}")
+        print(f"{label}: {root.decl().qualname}: {_count(len(report.blocks), 'block')}, "
+              f"{_count(report.checked, 'function')} checked: {status}")
         for d in report.diagnostics:
             print("  " + d.format().replace("\n", "\n  "))
         failed += not report.ok
