@@ -28,6 +28,7 @@ from kestrel.models.cards import siglip as siglip_card
 from kestrel.pipelines.images import ImagePreprocess
 from kestrel.pipelines.tokenizer import SiglipTextTokenizer
 from kestrel.pipelines.zero_shot import encode_images, encode_texts, similarity_table, zero_shot
+from reference import rel_diff
 from seeds import read_seed
 
 transformers = pytest.importorskip("transformers")
@@ -36,11 +37,6 @@ transformers.logging.set_verbosity_error()
 TOLERANCE = 1e-4
 # what siglip::Model adds after the seed's entries
 EXTRA_ENTRIES = ("logits_per_image", "probabilities")
-
-
-def rel_diff(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    assert ours.shape == ref.shape, (ours.shape, ref.shape)
-    return ((ours.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
 
 
 def pooled(out) -> torch.Tensor:
