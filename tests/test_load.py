@@ -120,3 +120,13 @@ def test_state_dict_keys_are_the_parameter_paths(saved):
 
     manifest = {p: s for p, s, _, _ in parameter_manifest(type(model), model.generics)}
     assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == manifest
+
+
+def test_from_config_binds_an_unweighted_model_from_a_config_dict():
+    cfg = {"model_type": "vit", **SMALL}
+    model = kestrel.from_config(cfg)
+    assert model.generics["D"] == 32 and model.generics["Classes"] == 4
+    assert tuple(model.state_dict()["positions"].shape) == (1, 1 + (32 // 8) ** 2, 32)
+    assert model.forward(torch.zeros(1, 3, 32, 32)).shape == (1, 4)
+    with pytest.raises(CardError, match="model_type 'gpt2'"):
+        kestrel.from_config({"model_type": "gpt2"})

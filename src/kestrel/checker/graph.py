@@ -54,15 +54,3 @@ class Graph:
 
     def type_of(self, vid: int) -> str:
         return self.values[vid].type.format(self.order)
-
-    def to_json(self) -> dict:
-        return {
-            "block": self.block,
-            "function": self.function,
-            "values": [{"id": v.id, "type": v.type.format(self.order), "name": v.name} for v in self.values.values()],
-            "nodes": [
-                {"id": n.id, "kind": n.kind, "op": n.op, "inputs": n.inputs, "outputs": n.outputs,
-                 "line": n.line, "detail": n.detail}
-                for n in self.nodes
-            ],
-        }

@@ -5,8 +5,6 @@ Everything printed is derived from the declarations (and, for generics, the chec
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from ..blocks.block import REGISTRY, Block
 from ..blocks.decl import BlockDecl, FnDecl, GenericDecl, ParamDecl, SubDecl
 from ..checker.check import program_blocks
@@ -90,8 +88,3 @@ def format_program(root: type[Block], bound: dict[str, object] | None = None, ti
     out += ["", "Blocks", ""]
     out.append("\n\n".join(format_block(b) for b in listed_blocks(root)))
     return "\n".join(out)
-
-
-def iter_block_texts(blocks: Iterable[BlockDecl]) -> Iterable[tuple[str, str]]:
-    for b in blocks:
-        yield b.name, format_block(b)

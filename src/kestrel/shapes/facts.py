@@ -48,9 +48,6 @@ class Facts:
     def add(self, fact: Fact) -> None:
         self.facts.append(fact)
 
-    def extended(self, more: list[Fact]) -> Facts:
-        return Facts(self.facts + list(more))
-
     # normalisation --------------------------------------------------------------------------
     def _equalities(self) -> dict[str, Poly]:
         subst: dict[str, Poly] = {}

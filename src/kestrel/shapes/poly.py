@@ -471,9 +471,6 @@ class AtomOrder:
         for a in p.atoms():
             self._index.setdefault(a, len(self._index))
 
-    def register_atom(self, a: Atom) -> None:
-        self._index.setdefault(a, len(self._index))
-
     def key(self, a: Atom) -> tuple[int, int]:
         i = self._index.get(a)
         return (0, i) if i is not None else (1, a.id)

@@ -100,12 +100,6 @@ def broadcast_dims(x: Sequence[Poly | Variadic], y: Sequence[Poly | Variadic], w
     return list(reversed(out))
 
 
-def _dims_arg(shape: Sequence[Any]) -> list[Poly]:
-    if len(shape) == 1 and isinstance(shape[0], list | tuple):
-        shape = shape[0]
-    return [as_poly(s) for s in shape]
-
-
 # -------------------------------------------------------------------------------- elementwise
 
 
