@@ -555,3 +555,22 @@ def test_nested_parameter_paths():
 def test_std_blocks_check_clean(block):
     report = check_program(block)
     assert report.ok, "\n".join(map(str, report.diagnostics))
+
+
+class _VariadicAxes(Block, module="test.variadic"):
+    D: Dim
+    T: Float = f32
+
+    def last(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
+        return ops.softmax(x, dim=-1)
+
+    def hidden(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
+        return ops.softmax(x, dim=0)
+
+
+def test_axes_through_a_variadic_run():
+    from kestrel.checker.check import check_block_class
+
+    report = check_block_class(_VariadicAxes)
+    assert [d.function for d in report.diagnostics] == ["hidden"]
+    assert "axis 0 of Tensor[*S, D; T] is hidden by the variadic run *S" in report.diagnostics[0].message

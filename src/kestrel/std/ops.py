@@ -59,6 +59,15 @@ def float_dtype(x: SymTensor, what: str) -> None:
 
 
 def axis(x: SymTensor, dim: int, rank: int | None = None) -> int:
+    """The index of axis ``dim`` in ``x.dims`` (``rank``: of a result with that many axes).
+
+    Through a variadic run ``*S`` only an axis after it, counted from the end, is known.
+    """
+    if rank is None and x.type.rank is None:
+        d = x.dims
+        if dim >= 0 or -dim > len(d) or any(isinstance(a, Variadic) for a in d[dim:]):
+            raise ShapeError(f"axis {dim} of {x.show()} is hidden by the variadic run *{x._var()}")
+        return len(d) + dim
     n = rank if rank is not None else len(x.fixed_dims())
     if not -n <= dim < n:
         raise ShapeError(f"axis {dim} is out of range for {x.show()} ({n} axes)")
@@ -385,8 +394,7 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 @softmax.rule
 def _(x: SymTensor, dim: int = -1) -> SymTensor:
     float_dtype(x, "softmax")
-    if x.type.rank is not None:
-        axis(x, dim)
+    axis(x, dim)
     return _t(x, x.dims)
 
 
@@ -633,12 +641,7 @@ def split(x: torch.Tensor, sizes: Sequence[Any], dim: int = -1) -> tuple[torch.T
 @split.rule
 def _(x: SymTensor, sizes: Sequence[Any], dim: int = -1) -> tuple[SymTensor, ...]:
     d = list(x.dims)
-    if x.type.rank is None:  # through a variadic run, only an axis after it counts from the end
-        if dim >= 0 or -dim > len(d) or any(isinstance(a, Variadic) for a in d[dim:]):
-            raise ShapeError(f"split along axis {dim} of {x.show()}: the axis is hidden by a variadic run")
-        i = len(d) + dim
-    else:
-        i = axis(x, dim)
+    i = axis(x, dim)
     parts = [as_poly(s) for s in sizes]
     same(_sum(parts), d[i], "split: the pieces do not add up to the axis", x)  # type: ignore[arg-type]
     return tuple(_t(x, [*d[:i], p, *d[i + 1:]]) for p in parts)
