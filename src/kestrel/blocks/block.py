@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from ..errors import KestrelError
 from ..shapes.facts import Fact
 from ..shapes.poly import Poly, evaluate, format_poly, substitute
 from ..types.dtypes import DType, DTypeVar, dtype_named, from_torch
@@ -25,11 +26,11 @@ from .spec import SubSpec
 Generics = dict[str, "int | DType"]
 
 
-class BindError(ValueError):
+class BindError(KestrelError, ValueError):
     """Generics that do not fit a block: missing, unknown, of the wrong kind, or against ``where``."""
 
 
-class EntryError(TypeError):
+class EntryError(KestrelError, TypeError):
     """An entry called with inputs that do not fit its declared types."""
 
 

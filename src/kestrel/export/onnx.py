@@ -35,6 +35,7 @@ from torch import nn
 
 from ..blocks import Block
 from ..blocks.decl import FnDecl
+from ..errors import KestrelError
 from ..shapes.poly import Poly, format_poly, substitute
 from ..types.dtypes import DType, DTypeVar
 from ..types.tensor import TensorType, TupleType, Variadic
@@ -44,7 +45,7 @@ MANIFEST_FORMAT = "kestrel-onnx/1"
 EXAMPLE_BATCH = 2  # traced batch when B is dynamic: 0 and 1 would be specialised by torch.export
 
 
-class ExportError(RuntimeError):
+class ExportError(KestrelError, RuntimeError):
     """An entry that could not be exported, naming the entry and the cause."""
 
 

@@ -24,6 +24,8 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
+from ..errors import KestrelError
+
 __all__ = ["ALLOWED_FILE_PATTERNS", "HubError", "fetch", "hub_cache_dir", "is_offline"]
 
 # Every file fetch() may download matches one of these (fnmatch, on the file's base name).
@@ -48,7 +50,7 @@ ALLOWED_FILE_PATTERNS: tuple[str, ...] = (
 _TRUE = {"1", "ON", "YES", "TRUE"}
 
 
-class HubError(RuntimeError):
+class HubError(KestrelError, RuntimeError):
     """A repo could not be resolved to a local snapshot.
 
     The message says which repo and revision was wanted, where the cache is, and how to proceed.
