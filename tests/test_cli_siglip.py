@@ -84,7 +84,7 @@ def test_embed_texts_and_images(siglip_dir, tmp_path, capsys):
 def test_zero_shot_input_errors(siglip_dir, tmp_path, capsys):
     d, paths, _ = siglip_dir
     assert main(["zero-shot", "no-such.jpg", "--labels", "a cat", "--model", str(d)]) == 2
-    assert "no such image file or folder: no-such.jpg" in capsys.readouterr().err
+    assert "no such image file or folder: 'no-such.jpg'" in capsys.readouterr().err
     assert main(["zero-shot", str(paths[0]), "--model", str(d)]) == 2
     assert "missing --labels" in capsys.readouterr().err
     assert main(["zero-shot", str(paths[0]), "a cat", "--model", str(d)]) == 2  # the old positional form

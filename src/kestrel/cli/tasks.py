@@ -21,6 +21,46 @@ def _load(args: argparse.Namespace, **generics: int):
     return load(args.model, weights=args.weights, dtype=args.dtype, device=args.device, **generics)
 
 
+def _generics_before_load(args: argparse.Namespace) -> tuple[str, dict] | None:
+    """(family name, generics) of ``--model`` read without weights or network; None when that needs the hub."""
+    from ..runtime.load import peek
+
+    seen = peek(args.model, args.weights)
+    if seen is None:
+        return None
+    family, config = seen
+    try:
+        return family.name, family.generics(config)
+    except (KeyError, TypeError, ValueError):
+        return None  # load names the problem with the config
+
+
+def _require(args: argparse.Namespace, generic: str, message: str) -> None:
+    """Refuse a model that lacks ``generic`` (e.g. a classifier's Classes) before anything is loaded."""
+    seen = _generics_before_load(args)
+    if seen is not None and generic not in seen[1]:
+        raise UsageError(message.format(model=args.model, family=seen[0]))
+
+
+def _check_size(args: argparse.Namespace) -> None:
+    """``--size`` must be a whole number of patches of a model that can be rebound to a new size."""
+    from ..models.cards import FAMILIES
+
+    seen = _generics_before_load(args)
+    if seen is None:
+        return
+    family, generics = seen
+    resizable = [f.name for f in FAMILIES if "Height" in f.resizable]
+    if family not in resizable:
+        raise UsageError(f"--size: {args.model} is a {family} model, which runs at its checkpoint's image size; "
+                         f"--size is for {', '.join(resizable)} models")
+    patch = generics.get("Patch")
+    if isinstance(patch, int) and args.size % patch:
+        lower, upper = max(patch, args.size // patch * patch), (args.size // patch + 1) * patch
+        raise UsageError(f"--size {args.size}: {args.model} cuts images into {patch} x {patch} patches, so the "
+                         f"size must be a multiple of {patch} (e.g. {lower} or {upper})")
+
+
 def expand_paths(items: list[str]) -> list[Path]:
     """Files as given; directories expanded to the image files they contain, sorted."""
     out: list[Path] = []
@@ -48,26 +88,38 @@ def _nothing_read(skipped: list[tuple[str, str]]) -> UsageError:
     return UsageError(f"none of the {len(skipped)} input image(s) could be read{first}")
 
 
+def _short(text: object, limit: int = 80) -> str:
+    """``repr`` of a user's argument, cut to ``limit`` characters (a label pasted where a path goes)."""
+    shown = repr(str(text))
+    return shown if len(shown) <= limit else shown[: limit - 5] + "...'" + f" ({len(str(text))} characters)"
+
+
 def _images(items: list[str]) -> list[Path]:
     paths = expand_paths(items)
     missing = [p for p in paths if not os.path.exists(p)]
     if missing:
-        raise UsageError(f"no such image file or folder: {missing[0]}"
+        raise UsageError(f"no such image file or folder: {_short(missing[0])}"
                          + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     if not paths:
         raise UsageError(f"no image files (*{', *'.join(sorted(IMAGE_SUFFIXES))}) in {', '.join(items)}")
     return paths
 
 
+NOT_A_CLASSIFIER = ("classify needs an image classifier (a checkpoint with a classification head and id2label, "
+                    "e.g. vit-base-patch16-224); {model} is a {family} model without one: try `kestrel embed` for "
+                    "its features")
+NOT_IMAGE_TEXT = ("{command} needs an image-text model such as siglip-base-patch16-224; {model} is a {family} "
+                  "model with no text tower")
+
+
 def cmd_classify(args: argparse.Namespace) -> int:
     from ..pipelines.tasks import classify
 
     paths = _images(args.images)
+    _require(args, "Classes", NOT_A_CLASSIFIER)
     model = _load(args)
     if "Classes" not in model.generics or not model.loaded.labels:
-        raise UsageError(f"classify needs an image classifier (a checkpoint with a classification head and "
-                         f"id2label, e.g. vit-base-patch16-224); {model.loaded.name} is a "
-                         f"{model.loaded.family.name} model without one: try `kestrel embed` for its features")
+        raise UsageError(NOT_A_CLASSIFIER.format(model=model.loaded.name, family=model.loaded.family.name))
     skipped: list[tuple[str, str]] | None = None if args.strict else []
     results = classify(model, paths, top=args.top, batch_size=args.batch_size, skipped=skipped)
     for path, top in results:
@@ -105,6 +157,10 @@ def cmd_embed(args: argparse.Namespace) -> int:
     if not args.text and not args.inputs:
         raise UsageError("nothing to embed: give image files or folders (or --text for a text model)")
     paths = [] if args.text else _images(args.inputs)
+    if args.text:
+        _require(args, "MaxPositions", NOT_IMAGE_TEXT.replace("{command}", "embed --text"))
+    if args.size:
+        _check_size(args)
     out = prepare_output(args.out)  # before the work: a bad destination fails now, not after it
     size = {"Height": args.size, "Width": args.size} if args.size else {}
     model = _load(args, **size)
@@ -142,7 +198,7 @@ def cmd_zero_shot(args: argparse.Namespace) -> int:
 
     if not args.labels:
         missing = [i for i in args.images if not os.path.exists(i)]
-        hint = f" ({missing[0]!r} is not a file: is it a label?)" if missing else ""
+        hint = f" ({_short(missing[0])} is not a file: is it a label?)" if missing else ""
         raise UsageError(f"missing --labels{hint}; {OLD_ZERO_SHOT}")
     empty = [k for k, label in enumerate(args.labels) if not label.strip()]
     if empty:
@@ -151,6 +207,7 @@ def cmd_zero_shot(args: argparse.Namespace) -> int:
         images = _images(args.images)
     except UsageError as e:
         raise UsageError(f"{e}; labels go after --labels, e.g. {OLD_ZERO_SHOT.split(': ', 1)[1]}") from None
+    _require(args, "MaxPositions", NOT_IMAGE_TEXT.replace("{command}", "zero-shot"))
     model = _load(args)
     _needs_text_model(model, "zero-shot")
     probs = zero_shot(model, images, args.labels, _tokenizer(model), preprocess_for(model), args.template)
@@ -166,6 +223,7 @@ def cmd_similarity(args: argparse.Namespace) -> int:
     from ..pipelines.zero_shot import similarity_table, zero_shot
 
     images = _images(args.images)
+    _require(args, "MaxPositions", NOT_IMAGE_TEXT.replace("{command}", "similarity"))
     model = _load(args)
     _needs_text_model(model, "similarity")
     table_fn = zero_shot if args.probabilities else similarity_table

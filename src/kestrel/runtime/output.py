@@ -60,7 +60,7 @@ def _refuse_non_regular(path: Path) -> None:
     """An OutputError unless ``path`` is absent or a regular file (not through a symlink)."""
     try:
         st = path.lstat()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # absent (a file in the folder path is reported later)
         return
     except OSError as e:
         raise OutputError(f"cannot write {path}: {_reason(e)}") from None
