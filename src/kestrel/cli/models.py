@@ -186,11 +186,12 @@ def cmd_diagram(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from ..export.onnx import export_onnx
-    from ..runtime.load import load
+    from ..runtime.load import check_model_name, load
     from ..runtime.output import prepare_output_dir
 
     if args.target != "onnx":
         raise UsageError(f"export target {args.target!r} is not available yet; supported: onnx")
+    check_model_name(args.model)
     out = prepare_output_dir(args.out)  # before the work
     model = load(args.model, weights=args.weights)
     for path in export_onnx(model, out, batch=args.batch):

@@ -161,6 +161,9 @@ def cmd_embed(args: argparse.Namespace) -> int:
         _require(args, "MaxPositions", NOT_IMAGE_TEXT.replace("{command}", "embed --text"))
     if args.size:
         _check_size(args)
+    from ..runtime.load import check_model_name
+
+    check_model_name(args.model)
     out = prepare_output(args.out)  # before the work: a bad destination fails now, not after it
     size = {"Height": args.size, "Width": args.size} if args.size else {}
     model = _load(args, **size)

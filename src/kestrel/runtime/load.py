@@ -70,13 +70,23 @@ def resolve(name_or_dir: str | os.PathLike[str], weights: str | os.PathLike[str]
         return where, card
     if card is not None:
         return fetch(card.repo, revision or card.revision, card.files), card
-    path = Path(name)
-    if path.is_dir():
-        return path, None
-    if path.exists():
-        raise CardError(f"{path} is a file; give the checkpoint directory (with config.json and *.safetensors)")
+    if Path(name).is_dir():
+        return Path(name), None
+    check_model_name(name)
+    return fetch(name, revision or "main", HUB_FILES), None
+
+
+def check_model_name(name: str) -> None:
+    """Raise :class:`CardError` unless ``name`` can name a model: a card, its hub id, a directory, ``org/name``.
+
+    No file is read and no network is used: for commands that check their arguments before the work.
+    """
+    if find_card(name) is not None or Path(name).is_dir():
+        return
+    if Path(name).exists():
+        raise CardError(f"{name} is a file; give the checkpoint directory (with config.json and *.safetensors)")
     if _HUB_ID.match(name) and not name.startswith((".", "/")):
-        return fetch(name, revision or "main", HUB_FILES), None
+        return
     known = ", ".join(sorted(CARDS))
     raise CardError(f"unknown model {name!r}: not a directory, not a hub id (org/name) and not one of {known}")
 
