@@ -201,7 +201,7 @@ def test_check_on_broken_user_files(capsys, tmp_path):
 
 
 def test_a_failed_check_exits_1(capsys, tmp_path):
-    src = tmp_path / "mine.py"
+    src = tmp_path / "mine_errors.py"
     src.write_text(textwrap.dedent('''
         from kestrel.blocks import Block, Dim, Float, Param, f32
         from kestrel.std import ops

@@ -46,6 +46,7 @@ def _blocks_in_file(path: Path) -> list[type[Block]]:
         raise UsageError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[path.stem] = module
+    before = {id(c) for blocks in REGISTRY.values() for c in blocks}  # a file of the same name seen earlier
     try:
         spec.loader.exec_module(module)
     except KestrelError:
@@ -53,7 +54,8 @@ def _blocks_in_file(path: Path) -> list[type[Block]]:
     except (Exception, SystemExit) as e:  # the user's module: any error it raises is theirs
         sys.modules.pop(path.stem, None)
         raise _import_error(path, e) from e
-    return [c for blocks in REGISTRY.values() for c in blocks if c.__module__ == module.__name__]
+    return [c for blocks in REGISTRY.values() for c in blocks
+            if c.__module__ == module.__name__ and id(c) not in before]
 
 
 def _targets(names: list[str]) -> list[tuple[str, type[Block]]]:
