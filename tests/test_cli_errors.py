@@ -83,17 +83,21 @@ def dirs(tmp_path_factory):
 
 
 def test_user_mistakes_in_a_real_process(dirs):
-    """The console command: --help documents the exit codes; a mistake is one line and exit 2; --debug shows
-    the traceback (each process pays for a torch import, so this test runs just three)."""
-    proc = kestrel("--help")
-    assert proc.returncode == 0
-    assert "exit status:" in proc.stdout and "2  usage or input error" in proc.stdout
-    assert "KESTREL_DEBUG=1" in proc.stdout and "--debug" in proc.stdout
+    """The console command: a mistake is one line and exit 2; --debug shows the traceback (each process pays
+    for a torch import, so this test runs just two)."""
     proc = kestrel("classify", str(dirs["images"] / "a.png"), "--model", str(dirs["dino"]))
     assert proc.returncode == 2
     assert first_line(proc).startswith("kestrel classify: error: classify needs an image classifier")
     proc = kestrel("inspect", "no-such-model", "--debug")
     assert proc.returncode != 0 and "Traceback" in proc.stderr and "CardError" in proc.stderr
+
+
+def test_help_documents_exit_codes_and_debug(capsys):
+    code, out, _ = run(capsys, "--help")
+    assert code == 0 and "exit status:" in out and "2  usage or input error" in out
+    assert "KESTREL_DEBUG=1" in out and "--debug" in out and "3  internal error" in out
+    code, out, _ = run(capsys, "classify", "--help")
+    assert code == 0 and "--debug" in out and "--strict" in out and ">= 1" in out
 
 
 def test_debug_by_environment_reraises(capsys, monkeypatch, tmp_path):
