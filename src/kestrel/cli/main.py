@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import models, tasks
+from . import models, site, tasks
 
 EPILOG = """examples:
   kestrel check                                  type-check every model, no weights needed
@@ -15,6 +15,7 @@ EPILOG = """examples:
   kestrel classify cat.jpg --weights DIR         ViT-B/16 top-5 labels
   kestrel embed photos/ --model dinov2-base --out feats.safetensors
   kestrel export vit-base-patch16-224 --target onnx --out out/
+  kestrel site --serve                           the registry site at http://127.0.0.1:8000/
 """
 
 
@@ -26,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     models.add_parsers(sub)
     tasks.add_parsers(sub)
+    site.add_parsers(sub)
     return parser
 
 
@@ -44,10 +46,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from ..runtime.checkpoint import CheckpointError
     from ..runtime.hub import HubError
     from ..shapes.parse import DimParseError
+    from ..site.build import SiteError
 
     errors: list[type[BaseException]] = [BindError, CardError, CheckpointError, DeclarationError, DiagramError,
                                          DimParseError,
-                                         EntryError, HubError, ImageError, FileNotFoundError]
+                                         EntryError, HubError, ImageError, SiteError, FileNotFoundError]
     try:
         from ..pipelines.tokenizer import TokenizerError
 

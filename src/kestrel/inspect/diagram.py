@@ -352,14 +352,14 @@ def to_dot(d: Diagram, theme: str = "light") -> str:
     def node_line(n: DNode, indent: str) -> str:
         attrs = {"input": f'shape=box, style="rounded,filled,bold", fillcolor="{th.io}", class="k-io"',
                  "output": f'shape=box, style="rounded,filled,bold", fillcolor="{th.io}", class="k-io"',
-                 "param": f'shape=note, style=filled, fillcolor="{th.param}", fontsize=8, height=0.2, '
+                 "param": f'shape=note, style=filled, fillcolor="{th.param}", fontsize=9, height=0.2, '
                           f'fontcolor="{th.muted}", margin="0.06,0.02", class="k-param"',
                  "call": f'fillcolor="{th.call}", class="k-call"',
                  "loop": f'fillcolor="{th.call}", peripheries=2, class="k-call k-loop"',
                  "helper": f'fillcolor="{th.helper}", style="rounded,filled,dashed", class="k-helper"',
                  "op": 'class="k-op"'}[n.kind]
         if n.detail:
-            label = (f"<<B>{escape(n.label)}</B><BR/><FONT POINT-SIZE=\"8\" COLOR=\"{th.muted}\">"
+            label = (f"<<B>{escape(n.label)}</B><BR/><FONT POINT-SIZE=\"9\" COLOR=\"{th.muted}\">"
                      f"{escape(n.detail)}</FONT>>")
         else:
             label = _q(n.label)
@@ -385,6 +385,33 @@ def to_dot(d: Diagram, theme: str = "light") -> str:
         out.append(f"  {a} -> {b} [label={_q(t)}];")
     out.append("}")
     return "\n".join(out) + "\n"
+
+
+def theme_css(theme: str, scope: str) -> str:
+    """CSS that recolours an SVG rendered in any theme to ``theme`` (for pages that switch themes).
+
+    Graphviz writes colours as attributes; CSS rules outrank them, keyed on the classes the DOT sets (its
+    SVG keeps clusters and nodes as sibling groups, so descendant selectors stay within one shape).
+    """
+    th = THEMES[theme]
+    s = scope
+    rules = {
+        f"{s} .graph > polygon": f"fill: {th.background}",
+        f"{s} text": f"fill: {th.text}",
+        f"{s} .edge text": f"fill: {th.edge_text}",
+        f"{s} .cluster text, {s} .k-param text, {s} .node text[font-size='9.00']": f"fill: {th.muted}",
+        f"{s} .edge path": f"stroke: {th.edge}",
+        f"{s} .edge polygon": f"fill: {th.edge}; stroke: {th.edge}",
+        f"{s} .node path, {s} .node polygon, {s} .node polyline": f"stroke: {th.muted}",
+        f"{s} .k-op path": f"fill: {th.op}",
+        f"{s} .k-io path": f"fill: {th.io}",
+        f"{s} .k-call path": f"fill: {th.call}",
+        f"{s} .k-param polygon": f"fill: {th.param}",
+        f"{s} .k-helper path": f"fill: {th.helper}",
+        f"{s} .k-cluster path, {s} .k-cluster polygon": f"fill: {th.cluster}; stroke: {th.cluster_border}",
+        f"{s} .k-cluster.k-helper path, {s} .k-cluster.k-helper polygon": f"fill: {th.helper}",
+    }
+    return "\n".join(f"{k} {{ {v}; }}" for k, v in rules.items()) + "\n"
 
 
 def dot_command() -> str:
@@ -422,4 +449,5 @@ def write_diagram(d: Diagram, path: Path, theme: str = "light") -> None:
     tmp.replace(path)
 
 
-__all__ = ["Cluster", "DNode", "Diagram", "DiagramError", "entry_diagram", "render", "to_dot", "write_diagram"]
+__all__ = ["THEMES", "Cluster", "DNode", "Diagram", "DiagramError", "entry_diagram", "render", "theme_css", "to_dot",
+           "write_diagram"]
