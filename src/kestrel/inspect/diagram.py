@@ -4,7 +4,7 @@ What is drawn is derived from the checked program: the entry's recorded graph, w
 blocks (and the block's own typed functions) expanded as labelled groups down to ``expand`` levels and
 collapsed to one node below that; calls into untyped helpers (``self._fourier``, a local ``def heads``)
 grouped under the helper's name; a loop over a sub array drawn once, marked ``x Layers``; params as
-small side inputs; runs of pure layout ops (reshape, transpose, expand...) merged into one node. Every
+small side inputs; chains of one-input ops (``flatten · transpose``) merged into one node. Every
 edge carries the type the checker inferred for that value, written in the model's own generics (callee
 types are translated through the substitution recorded at each call).
 
@@ -27,11 +27,6 @@ from ..checker.graph import Graph, Node
 from ..shapes.poly import AtomOrder, format_poly, substitute
 from ..types.tensor import TensorType
 from ..types.unify import Binding
-
-# ops that only change the layout of their one input: consecutive ones are drawn as one node
-LAYOUT_OPS = frozenset({"reshape", "view", "transpose", "permute", "unsqueeze", "squeeze", "expand", "flatten",
-                        "contiguous", "getitem"})
-
 
 @dataclass
 class DNode:
@@ -233,7 +228,7 @@ def entry_diagram(root: type[Block], entry: str, expand: int = 1, report: Report
     b = _Builder(report, decl, expand)
     b.d.title = f"{decl.qualname}.{format_signature(fn, decl.order)}"
     b.walk(report.graphs[(decl.qualname, entry)], 0, None, [], None)
-    _merge_layout_runs(b.d)
+    _merge_runs(b.d)
     _dedupe_edges(b.d)
     return b.d
 
@@ -248,21 +243,26 @@ def _dedupe_edges(d: Diagram) -> None:
     d.edges = edges
 
 
-def _merge_layout_runs(d: Diagram) -> None:
-    """A chain of layout ops (each the only reader of the one before) becomes one node ``a · b · c``."""
+def _merge_runs(d: Diagram, longest: int = 4) -> None:
+    """A chain of ops, each the only reader of the one before and reading nothing else, becomes one node.
+
+    ``flatten · transpose`` or ``add · pad · div``: the types inside the chain are the ops' business;
+    the edges into and out of it keep theirs. Ops that take a param or a second tensor stay apart.
+    """
     while True:
-        outs: dict[str, list[int]] = {}
-        ins: dict[str, list[int]] = {}
-        for i, (a, b, _) in enumerate(d.edges):
-            outs.setdefault(a, []).append(i)
-            ins.setdefault(b, []).append(i)
+        outs: dict[str, int] = {}
+        ins: dict[str, int] = {}
+        for a, b, _ in d.edges:
+            outs[a] = outs.get(a, 0) + 1
+            ins[b] = ins.get(b, 0) + 1
         byid = {n.id: n for n in d.nodes}
         for i, (a, b, _) in enumerate(d.edges):
             na, nb = byid[a], byid[b]
-            if (na.kind == nb.kind == "op" and na.label.split(" · ")[-1] in LAYOUT_OPS
-                    and nb.label.split(" · ")[0] in LAYOUT_OPS and na.cluster == nb.cluster
-                    and len(outs[a]) == 1 and len(ins[b]) == 1):
+            if (na.kind == nb.kind == "op" and na.cluster == nb.cluster and outs[a] == 1 and ins[b] == 1
+                    and ins.get(a, 0) <= 1 and len((na.label + " · " + nb.label).split(" · ")) <= longest):
                 na.label = f"{na.label} · {nb.label}"
+                if nb.where and nb.where != na.where:
+                    na.where = f"{na.where}, {nb.where}" if na.where else nb.where
                 d.edges = [(a if x == b else x, y, t) for j, (x, y, t) in enumerate(d.edges) if j != i]
                 d.nodes.remove(nb)
                 break
@@ -359,8 +359,10 @@ def to_dot(d: Diagram, theme: str = "light") -> str:
                  "helper": f'fillcolor="{th.helper}", style="rounded,filled,dashed", class="k-helper"',
                  "op": 'class="k-op"'}[n.kind]
         if n.detail:
-            label = (f"<<B>{escape(n.label)}</B><BR/><FONT POINT-SIZE=\"9\" COLOR=\"{th.muted}\">"
-                     f"{escape(n.detail)}</FONT>>")
+            # a table, so each line gets its font's full height (lines of one text block would touch)
+            label = (f'<<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="0" CELLPADDING="1">'
+                     f"<TR><TD><B>{escape(n.label)}</B></TD></TR>"
+                     f'<TR><TD><FONT POINT-SIZE="9" COLOR="{th.muted}">{escape(n.detail)}</FONT></TD></TR></TABLE>>')
         else:
             label = _q(n.label)
         tip = f", tooltip={_q(n.where)}" if n.where else ""
