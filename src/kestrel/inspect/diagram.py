@@ -28,6 +28,7 @@ from ..shapes.poly import AtomOrder, format_poly, substitute
 from ..types.tensor import TensorType
 from ..types.unify import Binding
 
+
 @dataclass
 class DNode:
     id: str
