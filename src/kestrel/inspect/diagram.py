@@ -336,7 +336,7 @@ def to_dot(d: Diagram, theme: str = "light") -> str:
     out = [
         "digraph kestrel {",
         f'  graph [rankdir=TB, bgcolor="{th.background}", fontname="{FONT}", fontsize=12, fontcolor="{th.text}",'
-        f' labelloc=t, labeljust=l, nodesep=0.3, ranksep=0.35, newrank=true, class="k-graph",'
+        f' labelloc=t, labeljust=l, nodesep=0.3, ranksep=0.35, newrank=true, ordering=out, class="k-graph",'
         f' label="{_title_label(d.title)}"];',
         f'  node [shape=box, style="rounded,filled", fontname="{FONT}", fontsize=10, fontcolor="{th.text}",'
         f' color="{th.muted}", fillcolor="{th.op}", height=0.3, margin="0.12,0.04", class="k-op"];',
@@ -384,6 +384,11 @@ def to_dot(d: Diagram, theme: str = "light") -> str:
             out.append(node_line(n, indent))
 
     emit(None, "  ")
+    # the entry's inputs side by side at the top, its results at the bottom
+    for rank, kind in (("min", "input"), ("max", "output")):
+        ends = [n.id for n in d.nodes if n.kind == kind and n.cluster is None]
+        if ends:
+            out.append(f"  {{ rank={rank}; {'; '.join(ends)}; }}")
     for a, b, t in d.edges:
         out.append(f"  {a} -> {b} [label={_q(t)}];")
     out.append("}")

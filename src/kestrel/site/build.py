@@ -95,8 +95,10 @@ def _inline_svg(svg: str, prefix: str) -> str:
     start = svg.index("<svg")
     body = svg[start:]
     body = re.sub(r'\bid="', f'id="{prefix}-', body)
+    # fitted to the page, but never below 70% of its size (labels stay legible; a wide graph scrolls)
     body = re.sub(r'<svg width="([\d.]+)pt" height="([\d.]+)pt"',
-                  lambda m: f'<svg width="{m[1]}pt" height="{m[2]}pt" class="kg-svg" role="img"', body, count=1)
+                  lambda m: f'<svg width="{m[1]}pt" height="{m[2]}pt" class="kg-svg" role="img" '
+                            f'style="min-width: {0.7 * float(m[1]):.0f}pt"', body, count=1)
     return body
 
 
@@ -251,7 +253,7 @@ def _card_section(card: Card, root: type[Block]) -> str:
     task_html = "".join(f"<li><code>kestrel {escape(c)}</code>: {escape(w)}</li>" for c, w in tasks)
     cli = [f"kestrel inspect {card.name}", f"kestrel inspect {card.name} --parameters",
            f"kestrel diagram {card.name} --entry {entry.name} -o {entry.name}.svg"]
-    cli += [f"kestrel {c} ... --model {card.name}" for c, _ in tasks]
+    cli += [f"kestrel {c} ... --model {card.name}   # kestrel {c} --help: its arguments" for c, _ in tasks]
     python = (f'import kestrel\nmodel = kestrel.load("{card.name}")   # {card.repo} @ {card.revision[:12]}, '
               f'or weights="dir/"\nout = model.{entry.name}({args})')
     return ('<section id="card">\n<h2>Card</h2>\n'
