@@ -9,7 +9,7 @@ import pytest
 from kestrel.checker.check import check_program
 from kestrel.cli.main import main
 from kestrel.inspect.diagram import DiagramError, entry_diagram, render, to_dot
-from kestrel.models import dinov2, sam, vit
+from kestrel.models import dinov2, sam, siglip, vit
 from svgcheck import edges, overlapping, text_boxes
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `dot` is not installed (make setup)")
@@ -70,7 +70,8 @@ def test_sam_decode_points_groups_helpers_and_stays_small():
 
 
 @needs_dot
-@pytest.mark.parametrize(("model", "entry"), [(sam.Model, "decode_points"), (vit.Model, "forward")])
+@pytest.mark.parametrize(("model", "entry"), [(sam.Model, "decode_points"), (vit.Model, "forward"),
+                                             (siglip.Model, "image_features")])
 def test_svg_labels_never_overlap_and_every_edge_has_its_type(model, entry):
     d = entry_diagram(model, entry)
     svg = render(d, "svg").decode()

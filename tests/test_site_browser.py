@@ -117,6 +117,10 @@ def test_every_page_opens_clean_with_no_broken_link(browser, site_url):
             if scheme == "light":
                 ids[path] = set(page.eval_on_selector_all("[id]", "els => els.map(e => e.id)"))
                 links[path] = page.eval_on_selector_all("a[href]", "els => els.map(a => a.href)")
+                # every graph of every model: no two labels overlap as the browser sets them
+                for i, (count, bad) in enumerate(page.eval_on_selector_all(
+                        "figure.graph svg.kg-svg", f"svgs => svgs.map({OVERLAPS_JS})")):
+                    assert count > 0 and not bad, f"{path} graph {i}: overlapping labels {bad[:5]}"
             if path != "index.html":
                 page.screenshot(path=str(ARTIFACTS / f"{Path(path).stem}.{scheme}.png"))
         page.screenshot(path=str(ARTIFACTS / f"index.{scheme}.png"))
@@ -181,8 +185,6 @@ def test_graphs_render_with_typed_edges_and_no_overlapping_labels(browser, site_
     assert dp.locator("g.node").count() < 70
     captions = dp.locator("g.cluster text").all_text_contents()
     assert any("_fourier" in c for c in captions) and any(c.startswith("mask_decoder:") for c in captions)
-    dp.scroll_into_view_if_needed()
-    dp.screenshot(path=str(ARTIFACTS / "sam-vit-base.decode_points.graph.png"))
     # the theme switch repaints the page and its graphs
     before = page.evaluate("getComputedStyle(document.body).backgroundColor")
     page.click("#theme-toggle")
@@ -191,4 +193,9 @@ def test_graphs_render_with_typed_edges_and_no_overlapping_labels(browser, site_
     node_fill = dp.locator("g.node.k-op path").first.evaluate("p => getComputedStyle(p).fill")
     assert node_fill == "rgb(30, 36, 48)"  # the dark theme's op colour, not the light SVG's white
     assert not problems, "\n".join(problems)
+    # the whole graph at once, 2400 px wide
+    page.set_viewport_size({"width": 2400, "height": 1800})
+    page.set_content(f'<body style="margin:0"><img id="g" style="width:2400px" '
+                     f'src="{site_url}graphs/sam-vit-base.decode_points.svg"></body>', wait_until="load")
+    page.locator("#g").screenshot(path=str(ARTIFACTS / "sam-vit-base.decode_points.graph.png"))
     page.close()

@@ -14,10 +14,11 @@ DOT text and runs ``dot`` on it.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
-from html import escape
+from html import escape, unescape
 from pathlib import Path
 
 from ..blocks import Block
@@ -328,7 +329,7 @@ def _split_top(text: str) -> list[str]:
     return [*out, cur.strip()] if cur.strip() else out
 
 
-def to_dot(d: Diagram, theme: str = "light") -> str:
+def to_dot(d: Diagram, theme: str = "light", nodesep: float = 0.4) -> str:
     """Graphviz DOT for the diagram: clusters for groups, every edge labelled with its type."""
     if theme not in THEMES:
         raise DiagramError(f"unknown theme {theme!r}; choose one of {', '.join(THEMES)}")
@@ -336,7 +337,7 @@ def to_dot(d: Diagram, theme: str = "light") -> str:
     out = [
         "digraph kestrel {",
         f'  graph [rankdir=TB, bgcolor="{th.background}", fontname="{FONT}", fontsize=12, fontcolor="{th.text}",'
-        f' labelloc=t, labeljust=l, nodesep=0.3, ranksep=0.35, newrank=true, ordering=out, class="k-graph",'
+        f' labelloc=t, labeljust=l, nodesep={nodesep}, ranksep=0.35, newrank=true, ordering=out, class="k-graph",'
         f' label="{_title_label(d.title)}"];',
         f'  node [shape=box, style="rounded,filled", fontname="{FONT}", fontsize=10, fontcolor="{th.text}",'
         f' color="{th.muted}", fillcolor="{th.op}", height=0.3, margin="0.12,0.04", class="k-op"];',
@@ -431,15 +432,42 @@ def dot_command() -> str:
     return found
 
 
+def _dot(dot: str, fmt: str, title: str) -> bytes:
+    proc = subprocess.run([dot_command(), f"-T{fmt}"], input=dot.encode(), capture_output=True, timeout=300)
+    if proc.returncode != 0:
+        raise DiagramError(f"Graphviz failed on the diagram of {title}: {proc.stderr.decode(errors='replace')}")
+    return proc.stdout
+
+
+_TEXT = re.compile(r'<text text-anchor="(\w+)" x="([-\d.]+)" y="([-\d.]+)"[^>]*font-size="([\d.]+)"[^>]*>'
+                   r"([^<]*)</text>")
+
+
+def label_overlaps(svg: str) -> int:
+    """How many pairs of labels in a Graphviz SVG overlap, set in DejaVu Sans Mono (0.602 em a glyph)."""
+    boxes = []
+    for anchor, x, y, size, text in _TEXT.findall(svg):
+        w = len(unescape(text)) * float(size) * 0.602
+        x0 = float(x) - (w / 2 if anchor == "middle" else w if anchor == "end" else 0)
+        boxes.append((x0, float(y) - 0.78 * float(size), x0 + w, float(y) + 0.22 * float(size)))
+    return sum(1 for i, a in enumerate(boxes) for b in boxes[i + 1:]
+               if a[0] + 0.5 < b[2] and b[0] + 0.5 < a[2] and a[1] + 0.5 < b[3] and b[1] + 0.5 < a[3])
+
+
 def render(d: Diagram, fmt: str = "svg", theme: str = "light") -> bytes:
-    """Lay the diagram out with Graphviz and return the SVG or PNG bytes."""
+    """Lay the diagram out with Graphviz and return the SVG or PNG bytes.
+
+    Graphviz sizes labels with its own font metrics, and now and then sets two edge labels a few
+    points into each other; the layout is then redone with more space between nodes (up to three times).
+    """
     if fmt not in ("svg", "png"):
         raise DiagramError(f"unknown diagram format {fmt!r}; write .svg, .png or .dot")
-    proc = subprocess.run([dot_command(), f"-T{fmt}"], input=to_dot(d, theme).encode(), capture_output=True,
-                          timeout=300)
-    if proc.returncode != 0:
-        raise DiagramError(f"Graphviz failed on the diagram of {d.title}: {proc.stderr.decode(errors='replace')}")
-    return proc.stdout
+    for nodesep in (0.4, 0.55, 0.75):
+        dot = to_dot(d, theme, nodesep)
+        svg = _dot(dot, "svg", d.title)
+        if not label_overlaps(svg.decode()):
+            break
+    return svg if fmt == "svg" else _dot(dot, fmt, d.title)
 
 
 def write_diagram(d: Diagram, path: Path, theme: str = "light") -> None:
