@@ -22,7 +22,8 @@ system:
 	  elif command -v sudo >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then apt="sudo apt-get"; fi; \
 	  if [ -n "$$apt" ]; then \
 	    echo "installing$$missing (apt)"; \
-	    $$apt update -qq && DEBIAN_FRONTEND=noninteractive $$apt install -y -qq --no-install-recommends $$missing; \
+	    { $$apt update -qq && DEBIAN_FRONTEND=noninteractive $$apt install -y -qq --no-install-recommends $$missing; } \
+	      || echo "warning: could not install$$missing: diagrams and the browser tests need them"; \
 	  else echo "warning: install$$missing for diagrams and the browser tests (Debian: apt-get install$$missing)"; fi; \
 	fi
 
