@@ -18,7 +18,6 @@ from seeds import SEED_CARDS, SEEDS, read_seed
 from sitebuild import built_site, read_page
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `dot` is not installed (make setup)")
-needs_seeds = pytest.mark.skipif(not SEEDS.is_dir(), reason=f"the seed pages are not at {SEEDS}")
 
 
 def _in_order(wanted: list, found: list, same) -> list:
@@ -33,10 +32,12 @@ def _lines_in_order(seed_text: str, ours: str) -> bool:
 
 
 @needs_dot
-@needs_seeds
 @pytest.mark.parametrize("prefix", sorted(SEED_CARDS))
 def test_model_page_holds_the_seed_tables_and_blocks_in_order(prefix: str) -> None:
-    seed = read_seed(prefix)
+    try:
+        seed = read_seed(prefix)  # skips (or, where CI requires the seeds, fails) when they are absent
+    except StopIteration:
+        pytest.skip(f"the seed pages are not at {SEEDS}")
     page = read_page(built_site() / "models" / f"{SEED_CARDS[prefix]}.html")
     kinds = [k if k != "table" else f"table.{v[0]}" for k, v in page.items]
     # the seeds' order of sections: preview graph, entries, generics, blocks

@@ -31,9 +31,10 @@ def _port(text: str) -> int:
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "site", help="build the model registry site (and serve it on loopback)",
-        description="Build a static site: an index with search, and a page per model with its entry graph, "
-                    "entries, generics and every block as `inspect` prints them, the card, the parameter "
-                    "manifest, a graph per entry and, with --bench, benchmark charts. Light and dark themes.",
+        description="Build a static site: an index with search, and a page per model with its entry graph,\n"
+                    "entries, generics and every block as `inspect` prints them, the card, the parameter\n"
+                    "manifest, a graph per entry and, with --bench, benchmark charts. Light and dark themes.\n"
+                    "--serve binds 127.0.0.1 only.",
         epilog="examples:\n  kestrel site --out site/\n  kestrel site --serve --port 8000\n"
                "  kestrel site --bench results.json   (from bench/run.py --out results.json)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
