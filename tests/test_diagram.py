@@ -107,3 +107,16 @@ def test_unknown_entry_or_format_is_a_clear_error(tmp_path):
     assert main(["diagram", "vit-base-patch16-224", "--entry", "decode", "-o", str(tmp_path / "x.svg")]) == 2
     assert main(["diagram", "vit-base-patch16-224", "-o", str(tmp_path / "x.pdf")]) == 2
     assert not (tmp_path / "x.pdf").exists()
+
+
+def test_checker_records_the_untyped_helper_of_every_node():
+    report = check_program(sam.Model)
+    dp = report.graphs[("sam::Model", "decode_points")]
+    scopes = {tuple(name for name, _ in n.scope) for n in dp.nodes}
+    assert {(), ("_fourier",), ("_decode",), ("_decode", "_image_pe"), ("_decode", "_image_pe", "_fourier")} <= scopes
+    assert next(n for n in dp.nodes if n.kind == "sub").scope[0][0] == "_decode"  # the mask decoder call
+    # three calls of one local helper are three scopes (told apart by their call sites), in order
+    attn = report.graphs[("sam::MaskAttention", "forward")]
+    calls = list(dict.fromkeys(n.scope for n in attn.nodes if n.scope))
+    assert [c[0][0] for c in calls] == ["heads", "heads", "heads"] and len(set(calls)) == 3
+    assert all(not n.scope for n in attn.nodes if n.kind == "sub")  # q_proj(...) is called outside heads()
