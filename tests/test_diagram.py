@@ -6,10 +6,12 @@ import shutil
 
 import pytest
 
+from kestrel.blocks import Array, Block, Dim, Float, Param, entry, f32
 from kestrel.checker.check import check_program
 from kestrel.cli.main import main
 from kestrel.inspect.diagram import DiagramError, entry_diagram, render, to_dot
 from kestrel.models import dinov2, sam, siglip, vit
+from kestrel.std.nn import Linear
 from svgcheck import edges, overlapping, text_boxes
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `dot` is not installed (make setup)")
@@ -51,22 +53,83 @@ def test_expand_zero_collapses_every_block_call():
 def test_sam_decode_points_groups_helpers_and_stays_small():
     report = check_program(sam.Model)
     d = entry_diagram(sam.Model, "decode_points", report=report)
+    graph = report.graphs[("sam::Model", "decode_points")]
     captions = {c.caption for c in d.clusters.values()}
-    # calls into untyped helpers are grouped under the helper's name, not spilled as ops
-    assert {"_fourier  (helper)", "_decode  (helper)"} <= captions
-    assert "mask_decoder: MaskDecoder<Hd, MaskHeads, MaskInner, T>.forward" in captions
-    nested = [n.label for n in d.nodes if n.kind == "helper"]
-    assert "_image_pe" in nested and "per_prompt" in nested  # helpers a level down are one node each
-    # the transformer is one node, its two-way layers are not drawn
-    assert "transformer" in _labels(d) and "layer_0.forward_first" not in _labels(d)
-    # params are side inputs
-    assert {"not_a_point_embed", "point_embed_0", "point_embed_1", "positional_embedding"} <= {
-        n.label for n in d.nodes if n.kind == "param"}
-    # the ops recorded for the entry are far more than the boxes drawn
+    # calls into untyped helpers are grouped under the helper's name, not spilled as ops: the entry's own
+    # helpers as groups, the helpers they call as one node each
+    outer = {n.scope[0][0] for n in graph.nodes if n.scope}
+    inner = {n.scope[1][0] for n in graph.nodes if len(n.scope) > 1}
+    assert outer and inner
+    assert {f"{h}  (helper)" for h in outer} <= captions
+    assert inner <= {n.label for n in d.nodes if n.kind == "helper"}
+    # the mask decoder is expanded one level: its transformer is one node, whose layers are not drawn
+    call = next(n for n in graph.nodes if n.op == "mask_decoder")
+    assert f"mask_decoder: {call.detail}" in captions
+    assert "transformer" in _labels(d) and not any(label.startswith("layer_") for label in _labels(d))
+    assert {n.label for n in d.nodes if n.kind == "param"} >= {"point_embed_0", "point_embed_1"}
+    # far fewer boxes than the ops the checker recorded for the program
     recorded = sum(len(g.nodes) for g in report.graphs.values())
     assert len(d.nodes) < 70 < recorded
     types = {t for _, _, t in d.edges}
-    assert "Tensor[B, Pts, 4, 256, 256; T]" in types and "Tensor[B, Pts, 1 + N, Hd; T]" in types
+    assert {"Tensor[B, Pts, 4, 256, 256; T]", "Tensor[B, Pts, 4; T]", "Tensor[B, Hd, 64, 64; T]"} <= types
+
+
+class Helpers(Block, module="test.diagram"):
+    """A block whose entry calls untyped helpers: a method that calls another, and a local function twice."""
+
+    D: Dim
+    Layers: Dim
+    T: Float = f32
+
+    scale: Param["D; T"]
+    layers: Array[Linear["D, D, T"], "Layers"]
+    proj: Linear["D, D, T"]
+
+    @entry
+    def forward(self, x: "Tensor[B, N, D; T]") -> "Tensor[B, N, D; T]":
+        def twice(t):
+            return t + t
+
+        y = twice(self._prepare(x))
+        y = twice(y)
+        for layer in self.layers:
+            y = layer(y)
+        return self.proj(y)
+
+    def _prepare(self, x):
+        return self._scaled(x) * 2.0
+
+    def _scaled(self, x):
+        return x * self.scale
+
+
+def test_checker_records_the_untyped_helper_of_every_node():
+    report = check_program(Helpers)
+    assert report.ok, [str(x) for x in report.diagnostics]
+    graph = report.graphs[("test.diagram::Helpers", "forward")]
+    rows = [(n.kind, n.op, tuple(name for name, _ in n.scope)) for n in graph.nodes
+            if n.kind not in ("input", "output")]
+    assert rows == [("param", "scale", ("_prepare", "_scaled")), ("op", "mul", ("_prepare", "_scaled")),
+                    ("op", "mul", ("_prepare",)), ("op", "add", ("twice",)), ("op", "add", ("twice",)),
+                    ("sub", "layers[i]", ()), ("sub", "proj", ())]
+    first, second = (n.scope for n in graph.nodes if n.op == "add")
+    assert first != second  # two calls of one helper: two scopes, told apart by their call sites
+
+
+def test_helpers_loops_and_levels_in_a_small_block():
+    d = entry_diagram(Helpers, "forward")
+    by_caption = {c.caption: c for c in d.clusters.values()}
+    assert set(by_caption) == {"_prepare  (helper)", "layers[i]: Linear<D, D, T>.forward   x Layers",
+                               "proj: Linear<D, D, T>.forward", "twice  (helper)"}
+    assert [c.caption for c in d.clusters.values()].count("twice  (helper)") == 2
+    assert by_caption["layers[i]: Linear<D, D, T>.forward   x Layers"].kind == "loop"
+    scaled = next(n for n in d.nodes if n.label == "_scaled")  # a helper's helper: one node, in its group
+    assert scaled.kind == "helper" and scaled.cluster == by_caption["_prepare  (helper)"].id
+    assert {t for _, _, t in d.edges} == {"Tensor[B, N, D; T]", "Tensor[D; T]", "Tensor[D, D; T]"}
+    flat = entry_diagram(Helpers, "forward", expand=0)
+    assert {n.label for n in flat.nodes if n.kind in ("loop", "call", "helper")} == {
+        "layers[i]  x Layers", "proj", "_prepare", "twice"}
+    assert not flat.clusters
 
 
 @needs_dot
@@ -108,15 +171,3 @@ def test_unknown_entry_or_format_is_a_clear_error(tmp_path):
     assert main(["diagram", "vit-base-patch16-224", "-o", str(tmp_path / "x.pdf")]) == 2
     assert not (tmp_path / "x.pdf").exists()
 
-
-def test_checker_records_the_untyped_helper_of_every_node():
-    report = check_program(sam.Model)
-    dp = report.graphs[("sam::Model", "decode_points")]
-    scopes = {tuple(name for name, _ in n.scope) for n in dp.nodes}
-    assert {(), ("_fourier",), ("_decode",), ("_decode", "_image_pe"), ("_decode", "_image_pe", "_fourier")} <= scopes
-    assert next(n for n in dp.nodes if n.kind == "sub").scope[0][0] == "_decode"  # the mask decoder call
-    # three calls of one local helper are three scopes (told apart by their call sites), in order
-    attn = report.graphs[("sam::MaskAttention", "forward")]
-    calls = list(dict.fromkeys(n.scope for n in attn.nodes if n.scope))
-    assert [c[0][0] for c in calls] == ["heads", "heads", "heads"] and len(set(calls)) == 3
-    assert all(not n.scope for n in attn.nodes if n.kind == "sub")  # q_proj(...) is called outside heads()
