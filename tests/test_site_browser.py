@@ -149,9 +149,9 @@ def test_search_finds_a_block_and_its_link_lands_on_it(browser, site_url):
     problems = _watch(page)
     page.goto(site_url + "index.html")
     page.fill("#q", "MaskAttention")
-    hit = page.locator("#results a.hit", has_text="sam::MaskAttention")
-    assert hit.count() == 1
-    hit.click()
+    hits = page.locator("#results li", has_text="sam::MaskAttention")
+    assert hits.count() >= 1  # one per SAM card
+    hits.filter(has_text="in sam-vit-base").locator("a.hit").click()
     page.wait_for_load_state("load")
     assert page.url.endswith("models/sam-vit-base.html#b-sam--MaskAttention")
     block = page.locator("#b-sam--MaskAttention pre")
@@ -177,14 +177,15 @@ def test_graphs_render_with_typed_edges_and_no_overlapping_labels(browser, site_
         edges, labelled = svg.evaluate("s => [s.querySelectorAll('g.edge').length, "
                                        "[...s.querySelectorAll('g.edge')].filter(e => "
                                        "(e.querySelector('text') || {}).textContent?.startsWith('Tensor[')).length]")
-        assert edges > 10 and labelled == edges
+        assert edges > 0 and labelled == edges
         count, bad = svg.evaluate(OVERLAPS_JS)
         assert count > edges and not bad, bad[:5]
     # decode_points, the graph the issue asked to be readable: grouped, and small enough to take in
     dp = page.locator("#graph-decode_points svg.kg-svg")
     assert dp.locator("g.node").count() < 70
     captions = dp.locator("g.cluster text").all_text_contents()
-    assert any("_fourier" in c for c in captions) and any(c.startswith("mask_decoder:") for c in captions)
+    assert any(c.endswith("(helper)") for c in captions) and any(c.startswith("mask_decoder:") for c in captions)
+    assert dp.locator("g.cluster.k-helper").count() >= 1 and dp.locator("g.node.k-helper").count() >= 1
     # the theme switch repaints the page and its graphs
     before = page.evaluate("getComputedStyle(document.body).backgroundColor")
     page.click("#theme-toggle")
