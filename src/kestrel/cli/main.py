@@ -14,7 +14,7 @@ import sys
 from typing import NoReturn
 
 from ..errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, KestrelError
-from . import models, tasks
+from . import models, site, tasks
 
 EPILOG = """examples:
   kestrel check                                  type-check every model, no weights needed
@@ -26,6 +26,7 @@ EPILOG = """examples:
   kestrel embed photos/ --model dinov2-base --out feats.safetensors
   kestrel zero-shot cat.jpg --labels "a cat" "a dog"
   kestrel export vit-base-patch16-224 --target onnx --out out/
+  kestrel site --serve                           the registry site at http://127.0.0.1:8000/
 
 exit status:
   0  success
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     models.add_parsers(sub)
     tasks.add_parsers(sub)
+    site.add_parsers(sub)
     for p in {id(p): p for p in sub.choices.values()}.values():  # `kestrel CMD ... --debug` too
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser

@@ -181,7 +181,7 @@ def cmd_diagram(args: argparse.Namespace) -> int:
     root = card.family.root(card.config)
     entry = args.entry or root.decl().entries[0].name
     out = prepare_output(args.output or f"{card.name}.{entry}.svg")
-    write_diagram(entry_diagram(root, entry), out)
+    write_diagram(entry_diagram(root, entry, expand=args.expand), out, theme=args.theme)
     print(f"wrote {out}")
     return 0
 
@@ -225,12 +225,18 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=cmd_inspect)
 
     p = sub.add_parser("diagram", help="draw an entry's graph with every edge's inferred type",
-                       description="Draw the entry with one level of sub-block calls expanded; every edge is "
-                                   "labelled with the type the checker inferred, in the model's own generics.",
+                       description="Draw the entry's typed graph, laid out by Graphviz: sub-block calls expanded "
+                                   "as labelled groups (--expand levels), untyped helpers grouped under their name, "
+                                   "loops over layers drawn once; every edge is labelled with the type the checker "
+                                   "inferred, in the model's own generics.",
                        epilog="example: kestrel diagram sam-vit-base --entry encode_image -o preview.svg")
     p.add_argument("model", metavar="MODEL", help="a card name")
     p.add_argument("--entry", help="entry or function to draw (default: the first entry)")
-    p.add_argument("-o", "--output", metavar="FILE", help="FILE.svg (default) or FILE.dot for Graphviz")
+    p.add_argument("--expand", type=int, default=1, metavar="N",
+                   help="expand sub-block calls as groups down to N levels, one node each below (default 1)")
+    p.add_argument("--theme", choices=("light", "dark"), default="light", help="colours (default light)")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="FILE.svg (default MODEL.ENTRY.svg), FILE.png, or FILE.dot (Graphviz source)")
     p.set_defaults(run=cmd_diagram)
 
     p = sub.add_parser("export", help="export deployable programs (ONNX)",

@@ -73,6 +73,7 @@ class Family:
     files: tuple[str, ...] = ("config.json", "model.safetensors", "model.safetensors.index.json",
                               "model-*.safetensors", "preprocessor_config.json")
     description: str = ""
+    license: str = ""  # the upstream checkpoints' license (SPDX id)
 
 
 @dataclass(frozen=True, eq=False)
