@@ -24,11 +24,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..errors import KestrelError
 from ..blocks import Block
 from ..blocks.block import bind_generics
 from ..blocks.decl import BlockDecl, SubDecl
 from ..checker.check import Report, check_program
+from ..errors import KestrelError
 from ..inspect.diagram import entry_diagram, render, theme_css
 from ..inspect.manifest import parameter_rows
 from ..inspect.printer import format_block, format_signature, listed_blocks
