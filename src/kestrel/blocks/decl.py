@@ -17,7 +17,7 @@ from typing import Any, Union
 from ..shapes.facts import Fact, Facts
 from ..shapes.parse import DimParseError, Parser, parse_facts
 from ..shapes.poly import AtomOrder, Poly
-from ..types.dtypes import DTYPES, DType, DTypeKind, DTypeVar
+from ..types.dtypes import DTYPES, KINDS, DType, DTypeKind, DTypeVar
 from ..types.tensor import Scope, TensorType, Type, TypeParser, parse_param, parse_type
 from .spec import ArraySpec, Dim, ParamSpec, Shape, SubSpec
 
@@ -300,7 +300,11 @@ def _read_dtype_arg(p: Parser, scope: Scope, g: GenericDecl, callee: BlockDecl, 
     tok = p.tok
     p.i += 1
     if tok.kind == "name" and tok.text in scope.dtypes:
-        return scope.dtypes[tok.text]
+        var = scope.dtypes[tok.text]
+        if not set(KINDS[var.kind].members) <= set(g.kind.members):
+            raise p.error(f"sub {sub}: generic {g.name}: {g.kind.name} of {callee.qualname} is given "
+                          f"{var.name}: {var.kind}, which may be a dtype {g.kind.name} does not admit", tok)
+        return var
     if tok.kind == "name" and tok.text in DTYPES:
         d = DTYPES[tok.text]
         if not g.kind.admits(d):

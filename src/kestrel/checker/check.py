@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +18,7 @@ from ..blocks.decl import BlockDecl, DeclarationError, FnDecl, ParamDecl, SubDec
 from ..shapes.facts import Facts
 from ..shapes.poly import FloorDiv, Mod, Poly, format_poly, substitute
 from ..types.dtypes import DType, DTypeVar
-from ..types.tensor import TensorType, TupleType, Type
+from ..types.tensor import TensorType, TupleType, Type, Variadic
 from ..types.unify import Binding, match
 from .graph import Graph
 from .symbolic import Context, ShapeError, SymDim, SymTensor, checking, current, dim_of, record
@@ -152,7 +153,20 @@ class ArrayProxy:
         self.sub = sub
 
     def __iter__(self) -> Any:
-        yield SubProxy(self.sub, f"{self.sub.name}[i]")
+        """One symbolic iteration standing for every layer, checked as a fixed point.
+
+        The loop-carried values are the caller's local tensors that the body rebinds: each must
+        come out of an iteration with the type it went in with, so after any number of layers
+        (zero included) it has that type. A list that grows in the body would have a symbolic
+        length, so it is refused.
+        """
+        frame = sys._getframe(1)  # the frame running the ``for`` (through enumerate/zip too)
+        before = dict(frame.f_locals)
+        sizes = {k: len(v) for k, v in before.items() if isinstance(v, list | dict)}
+        try:
+            yield SubProxy(self.sub, f"{self.sub.name}[i]")
+        finally:
+            _check_fixed_point(self.sub, before, sizes, dict(frame.f_locals))
 
     def __len__(self) -> int:
         assert self.sub.count is not None
@@ -166,6 +180,53 @@ class ArrayProxy:
             raise ShapeError(f"{self.sub.name}[{i}] may be out of range for "
                              f"{format_poly(self.sub.count, current().order)} layers")
         return SubProxy(self.sub, f"{self.sub.name}[{i}]")
+
+
+def _check_fixed_point(sub: SubDecl, before: dict[str, Any], sizes: dict[str, int], after: dict[str, Any]) -> None:
+    ctx = current()
+    what = f"the loop over {sub.name} ({format_poly(sub.count, ctx.order) if sub.count is not None else 1} layers)"
+    for name, old in before.items():
+        new = after.get(name, old)
+        if new is old:
+            continue
+        a, b = _tensors_of(old), _tensors_of(new)
+        if a is None:
+            continue
+        if b is None or len(a) != len(b):
+            raise ShapeError(f"{what} changes what {name} holds: before an iteration {_show_value(old)}, "
+                             f"after it {_show_value(new)}")
+        for x, y in zip(a, b):
+            problems = match(x.type, y.dims, y.dtype, Binding(shapes=_self_runs(x.type)), set(), ctx.facts,
+                             ctx.order)
+            if problems:
+                raise ShapeError(
+                    f"{what} changes the type of {name}: {x.show()} before an iteration, {y.show()} after it "
+                    "(a layer stack must map its loop-carried types to themselves): "
+                    + "; ".join(map(str, problems)), hint=_equality_hint(problems))
+    for name, n in sizes.items():
+        v = after.get(name)
+        if isinstance(v, list | dict) and v is before[name] and len(v) != n:
+            raise ShapeError(f"{what} grows {name} by {len(v) - n} per iteration: its length would be symbolic; "
+                             "stack the layers' outputs with a typed sub instead")
+
+
+def _tensors_of(v: Any) -> list[SymTensor] | None:
+    if isinstance(v, SymTensor):
+        return [v]
+    if isinstance(v, tuple) and v and all(isinstance(t, SymTensor) for t in v):
+        return list(v)
+    return None
+
+
+def _show_value(v: Any) -> str:
+    ts = _tensors_of(v)
+    if ts is None:
+        return type(v).__name__
+    return ", ".join(t.show() for t in ts)
+
+
+def _self_runs(t: TensorType) -> dict[str, tuple]:
+    return {d.name: (d,) for d in t.dims if isinstance(d, Variadic)}
 
 
 # ------------------------------------------------------------------------------ declared calls
@@ -267,6 +328,12 @@ def _where_hint(decl: BlockDecl, hint: str | None) -> str | None:
     return hint if names <= {g.name for g in decl.generics if g.is_dim} else None
 
 
+def _variadic_names(fn: FnDecl) -> set[str]:
+    types = [t for _, t in fn.params] + [fn.result]
+    items = [i for t in types for i in (t.items if isinstance(t, TupleType) else (t,))]
+    return {d.name for t in items for d in t.dims if isinstance(d, Variadic)}
+
+
 def _check_result(fn: FnDecl, out: Any, ctx: Context, diag: Any) -> None:
     declared = fn.result.items if isinstance(fn.result, TupleType) else (fn.result,)
     got = out if isinstance(out, tuple) else (out,)
@@ -275,7 +342,9 @@ def _check_result(fn: FnDecl, out: Any, ctx: Context, diag: Any) -> None:
         diag(f"returns {len(got)} value(s) where the declared result is {want_text}", fn.file, fn.line)
         return
     for i, (g, d) in enumerate(zip(got, declared)):
-        problems = match(d, g.dims, g.dtype, Binding(), set(), ctx.facts, ctx.order)
+        # ``*S`` in the result is the arguments' ``*S``: the run is bound to itself, not inferred afresh
+        fixed = Binding(shapes={n: (Variadic(n),) for n in _variadic_names(fn)})
+        problems = match(d, g.dims, g.dtype, fixed, set(), ctx.facts, ctx.order)
         if problems:
             node = next((n for n in reversed(ctx.graph.nodes) if g.vid in n.outputs), None)
             which = f"result {i}" if len(declared) > 1 else "the result"

@@ -28,7 +28,7 @@ from ..checker.symbolic import (
     require_positive,
 )
 from ..shapes.poly import ONE, Poly, floordiv
-from ..types.dtypes import DType, DTypeVar, bool_, f32
+from ..types.dtypes import DType, DTypeVar, bool_, f32, i64
 from ..types.tensor import TensorType, Variadic
 
 # ------------------------------------------------------------------------------------ helpers
@@ -51,11 +51,30 @@ def same_dtype(x: SymTensor, y: SymTensor, what: str) -> None:
         raise ShapeError(f"{what}: dtype {x.dtype} vs {y.dtype} ({x.show()} and {y.show()})")
 
 
-def float_dtype(x: SymTensor, what: str) -> None:
+def kind_of(x: SymTensor) -> str:
+    """``Float``, ``Int``, ``Bool``, or ``DType`` for a generic that may be any of them."""
     d = x.dtype
-    kind = d.kind if isinstance(d, DType | DTypeVar) else None
-    if kind not in ("Float",):
-        raise ShapeError(f"{what} needs a floating-point tensor, got {x.show()}")
+    return d.kind if isinstance(d, DType | DTypeVar) else "DType"
+
+
+def float_dtype(x: SymTensor, what: str) -> None:
+    if kind_of(x) != "Float":
+        hint = " (declare its dtype generic as `T: Float`, or cast it)" if isinstance(x.dtype, DTypeVar) else ""
+        raise ShapeError(f"{what} needs a floating-point tensor, got {x.show()}{hint}")
+
+
+def numeric_dtype(x: SymTensor, what: str) -> None:
+    if kind_of(x) not in ("Float", "Int"):
+        raise ShapeError(f"{what} needs a number tensor (Float or Int), got {x.show()}")
+
+
+def scalar_fits(t: SymTensor, value: Any, what: str) -> None:
+    """A Python number beside a tensor keeps the tensor's dtype only when torch would not promote it."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ShapeError(f"{what} of a tensor and a {type(value).__name__}")
+    if isinstance(value, float) and kind_of(t) != "Float":
+        raise ShapeError(f"{what}: a float {value} with {t.show()} would promote it to a float dtype; "
+                         f"cast the tensor explicitly")
 
 
 def axis(x: SymTensor, dim: int, rank: int | None = None) -> int:
@@ -121,14 +140,15 @@ def _binary(name: str, torch_fn: Any) -> Any:
     def _(x: Any, y: Any) -> SymTensor:
         if isinstance(x, SymTensor) and isinstance(y, SymTensor):
             same_dtype(x, y, name)
+            (float_dtype if name == "div" else numeric_dtype)(x, name)
             dims = broadcast_dims(x.dims, y.dims, name, x.show(), y.show())
             return _t(x, dims)
         t = x if isinstance(x, SymTensor) else y
         other = y if t is x else x
         if isinstance(other, SymDim):
             raise ShapeError(f"{name} of a tensor and the dimension {other}: convert it with a std op")
-        if not isinstance(other, int | float):
-            raise ShapeError(f"{name} of a tensor and a {type(other).__name__}")
+        (float_dtype if name == "div" else numeric_dtype)(t, name)  # int / int is a float in torch
+        scalar_fits(t, other, name)
         return _t(t, t.dims)
 
     return kernel
@@ -215,11 +235,13 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None) -> SymTens
         raise ShapeError(f"linear: weight must be [Out, In], got {weight.show()}")
     same(last_dim(x, "linear"), w[1], "linear: the contraction dimension differs", x, weight)
     same_dtype(x, weight, "linear")
+    float_dtype(x, "linear")
     if bias is not None:
         b = bias.fixed_dims("linear's bias")
         if len(b) != 1:
             raise ShapeError(f"linear: bias must be [Out], got {bias.show()}")
         same(b[0], w[0], "linear: bias length differs from the output features", bias, weight)
+        same_dtype(bias, weight, "linear bias")
     return _t(x, [*x.dims[:-1], w[0]])
 
 
@@ -232,6 +254,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 @matmul.rule
 def _(a: SymTensor, b: SymTensor) -> SymTensor:
     same_dtype(a, b, "matmul")
+    float_dtype(a, "matmul")
     da, db = a.fixed_dims("matmul"), b.fixed_dims("matmul")
     if len(da) < 1 or len(db) < 1:
         raise ShapeError(f"matmul of a scalar: {a.show()} @ {b.show()}")
@@ -264,6 +287,16 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.conv2d(x, weight, bias, stride=stride, padding=padding)
 
 
+def _conv_bias(bias: SymTensor | None, out: Poly, weight: SymTensor, what: str) -> None:
+    if bias is None:
+        return
+    b = bias.fixed_dims(f"{what}'s bias")
+    if len(b) != 1:
+        raise ShapeError(f"{what}: bias must be [Cout], got {bias.show()}")
+    same(b[0], out, f"{what}: bias length differs from the output channels", bias, weight)
+    same_dtype(bias, weight, f"{what} bias")
+
+
 def _pair(v: Any) -> tuple[Any, Any]:
     return (v[0], v[1]) if isinstance(v, tuple | list) else (v, v)
 
@@ -276,8 +309,8 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None, stride: An
         raise ShapeError(f"conv2d takes [B, Cin, H, W] and [Cout, Cin, KH, KW], got {x.show()} and {weight.show()}")
     same(dx[1], dw[1], "conv2d: input channels differ", x, weight)
     same_dtype(x, weight, "conv2d")
-    if bias is not None:
-        same(bias.fixed_dims()[0], dw[0], "conv2d: bias length differs from the output channels", bias, weight)
+    float_dtype(x, "conv2d")
+    _conv_bias(bias, dw[0], weight, "conv2d")
     (sh, sw), (ph, pw) = _pair(stride), _pair(padding)
     h = _conv_out(dx[2], dw[2], as_poly(sh), as_poly(ph))
     w = _conv_out(dx[3], dw[3], as_poly(sw), as_poly(pw))
@@ -299,8 +332,8 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None, stride: An
         raise ShapeError(f"conv1d takes [B, Cin, L] and [Cout, Cin, K], got {x.show()} and {weight.show()}")
     same(dx[1], dw[1], "conv1d: input channels differ", x, weight)
     same_dtype(x, weight, "conv1d")
-    if bias is not None:
-        same(bias.fixed_dims()[0], dw[0], "conv1d: bias length differs from the output channels", bias, weight)
+    float_dtype(x, "conv1d")
+    _conv_bias(bias, dw[0], weight, "conv1d")
     return _t(x, [dx[0], dw[0], _conv_out(dx[2], dw[2], as_poly(stride), as_poly(padding))])
 
 
@@ -317,6 +350,9 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None) -> SymTens
         raise ShapeError(f"conv_transpose2x2 takes [B, Cin, H, W] and [Cin, Cout, 2, 2], got "
                          f"{x.show()} and {weight.show()}")
     same(dx[1], dw[0], "conv_transpose2x2: input channels differ", x, weight)
+    same_dtype(x, weight, "conv_transpose2x2")
+    float_dtype(x, "conv_transpose2x2")
+    _conv_bias(bias, dw[1], weight, "conv_transpose2x2")
     return _t(x, [dx[0], dw[1], 2 * dx[2], 2 * dx[3]])
 
 
@@ -336,6 +372,7 @@ def _(x: SymTensor, weight: SymTensor | None, bias: SymTensor | None, eps: float
     for p in (weight, bias):
         if p is not None:
             same(p.fixed_dims()[0], d, "layer_norm: parameter length differs from the last axis", p, x)
+            same_dtype(x, p, "layer_norm")
     float_dtype(x, "layer_norm")
     return _t(x, x.dims)
 
@@ -356,6 +393,8 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor, eps: float = 1e-6) -> Sy
         raise ShapeError(f"layer_norm_chw takes [B, C, H, W], got {x.show()}")
     for p in (weight, bias):
         same(p.fixed_dims()[0], d[1], "layer_norm_chw: parameter length differs from the channels", p, x)
+        same_dtype(x, p, "layer_norm_chw")
+    float_dtype(x, "layer_norm_chw")
     return _t(x, x.dims)
 
 
@@ -371,6 +410,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
 def _(x: SymTensor, weight: SymTensor, eps: float = 1e-6) -> SymTensor:
     same(weight.fixed_dims()[0], last_dim(x, "rms_norm"), "rms_norm: weight length differs from the last axis",
          weight, x)
+    same_dtype(x, weight, "rms_norm")
+    float_dtype(x, "rms_norm")
     return _t(x, x.dims)
 
 
@@ -427,6 +468,11 @@ def _(q: SymTensor, k: SymTensor, v: SymTensor, bias: SymTensor | None = None, m
         same(a, b, "attention: batch axes of query and key differ", q, k)
     same_dtype(q, k, "attention")
     same_dtype(k, v, "attention")
+    float_dtype(q, "attention")
+    if bias is not None:
+        same_dtype(q, bias, "attention bias")
+    if mask is not None and mask.dtype != bool_:
+        raise ShapeError(f"attention: the mask must be a bool tensor, got {mask.show()}")
     scores = [*dq[:-1], dk[-2]]
     for extra, name in ((bias, "bias"), (mask, "mask")):
         if extra is not None:
@@ -815,6 +861,8 @@ def _(cond: SymTensor, x: Any, y: Any) -> SymTensor:
         raise ShapeError("where: at least one of the values must be a tensor")
     if len(tensors) == 2:
         same_dtype(tensors[0], tensors[1], "where")
+    else:
+        scalar_fits(tensors[0], y if tensors[0] is x else x, "where")
     dims = list(cond.dims)
     shown = cond.show()
     for v in tensors:
@@ -857,6 +905,13 @@ def _reduce(name: str, torch_fn: Any) -> Any:
         axes = {axis(x, a) for a in (dim if isinstance(dim, list | tuple) else [dim])}
         out = [ONE if i in axes else s for i, s in enumerate(d)] if keepdim else [
             s for i, s in enumerate(d) if i not in axes]
+        if name == "mean":
+            float_dtype(x, name)
+        elif name == "sum" and kind_of(x) != "Float":
+            if kind_of(x) == "DType":
+                raise ShapeError(f"sum of {x.show()}: a float stays, an integer or bool becomes i64; "
+                                 "declare the dtype's kind")
+            return _t(x, out, i64)  # torch sums integers and bools in int64
         return _t(x, out)
 
     return kernel
@@ -884,6 +939,7 @@ def _(x: SymTensor, size: tuple[Any, Any] | None = None, scale_factor: Any = Non
     if mode not in ("nearest", "bilinear", "bicubic"):
         raise ShapeError(f"interpolate: mode {mode!r} is not one of nearest, bilinear, bicubic")
     d = x.fixed_dims("interpolate")
+    float_dtype(x, "interpolate")
     if len(d) != 4:
         raise ShapeError(f"interpolate takes [B, C, H, W], got {x.show()}")
     if size is None:
@@ -902,6 +958,7 @@ def max_pool2d(x: torch.Tensor, kernel: int, stride: int | None = None) -> torch
 @max_pool2d.rule
 def _(x: SymTensor, kernel: int, stride: int | None = None) -> SymTensor:
     d = x.fixed_dims("max_pool2d")
+    float_dtype(x, "max_pool2d")
     s = as_poly(stride if stride is not None else kernel)
     k = as_poly(kernel)
     return _t(x, [*d[:-2], _conv_out(d[-2], k, s, Poly()), _conv_out(d[-1], k, s, Poly())])
@@ -917,7 +974,9 @@ def cast(x: torch.Tensor, dtype: DType) -> torch.Tensor:
 
 @cast.rule
 def _(x: SymTensor, dtype: DType | DTypeVar) -> SymTensor:
-    return _t(x, x.dims, dtype)
+    if not isinstance(dtype, DType | DTypeVar):
+        raise ShapeError(f"cast to {dtype!r}: give a kestrel dtype (f32, i32...) or a dtype generic (self.T)")
+    return _t(x, x.dims, dtype)  # exactly the named dtype
 
 
 @op("arange_like")
@@ -928,6 +987,7 @@ def arange_like(x: torch.Tensor, n: int) -> torch.Tensor:
 
 @arange_like.rule
 def _(x: SymTensor, n: Any) -> SymTensor:
+    numeric_dtype(x, "arange_like")
     return _t(x, [as_poly(n)])
 
 
