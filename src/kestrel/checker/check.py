@@ -16,7 +16,7 @@ from typing import Any
 from ..blocks.block import Block
 from ..blocks.decl import BlockDecl, DeclarationError, FnDecl, ParamDecl, SubDecl
 from ..shapes.facts import Facts
-from ..shapes.poly import FloorDiv, Mod, Poly, format_poly, substitute
+from ..shapes.poly import FloorDiv, Mod, Poly, format_poly, ge_text, substitute
 from ..types.dtypes import DType, DTypeVar
 from ..types.tensor import TensorType, TupleType, Type, Variadic
 from ..types.unify import Binding, match
@@ -261,6 +261,7 @@ def call_declared(callee: BlockDecl, fn: FnDecl, dims: dict[str, Poly], dtypes: 
                 + "; ".join(map(str, problems)),
                 hint=_equality_hint(problems))
         inputs.append(value)
+    _prove_preconditions(callee, fn, mapping, binding, free_now, label, sig)
     result = fn.result
     outs = [t.substitute(mapping, dtypes) for t in (result.items if isinstance(result, TupleType) else (result,))]
     out_tensors = [SymTensor(binding.apply(t)) for t in outs]  # type: ignore[arg-type]
@@ -270,6 +271,27 @@ def call_declared(callee: BlockDecl, fn: FnDecl, dims: dict[str, Poly], dtypes: 
     node.subst = {"dims": {**dims, **{back.get(k, k): v for k, v in binding.dims.items()}},
                   "shapes": dict(binding.shapes), "dtypes": {**dtypes, **binding.dtypes}}
     return tuple(out_tensors) if isinstance(result, TupleType) else out_tensors[0]
+
+
+def _prove_preconditions(callee: BlockDecl, fn: FnDecl, mapping: dict[str, Poly], binding: Binding,
+                         free_now: set[str], label: str, sig: str) -> None:
+    """The callee's own dims are positive and its ``where`` facts on them hold, in the caller's terms."""
+    ctx = current()
+    here = {**mapping, **binding.dims}
+    for n in sorted(free_now):
+        v = binding.dims.get(n)
+        if v is not None and not ctx.facts.positive(v):
+            text = format_poly(v, ctx.order)
+            raise ShapeError(f"{label}: {sig} binds its dim {n.rstrip(chr(39))} to {text}, which cannot be proved "
+                             "positive", hint=f"{text} > 0")
+    for fact in callee.preconditions(fn):
+        lhs, rhs = substitute(fact.lhs, mapping), substitute(fact.rhs, mapping)
+        lhs, rhs = substitute(lhs, binding.dims), substitute(rhs, binding.dims)
+        if not _holds(ctx.facts, fact.kind, lhs, rhs):
+            shown = _fact_text(fact.kind, lhs, rhs, None)
+            raise ShapeError(f"{label}: {sig} requires `{fact}`, which here reads `{shown}` and cannot be "
+                             "proved", hint=shown)
+    del here
 
 
 def _args_in_order(callee: BlockDecl, dims: dict[str, Poly], dtypes: dict) -> list:
@@ -294,7 +316,7 @@ def _equality_hint(problems: list) -> str | None:
 
 def check_function(decl: BlockDecl, fn: FnDecl) -> tuple[Graph, list[Diagnostic]]:
     graph = Graph(decl.qualname, fn.name, decl.order.copy())
-    ctx = Context(decl.facts(), graph.order, graph)
+    ctx = Context(decl.facts(fn), graph.order, graph)
     diags: list[Diagnostic] = []
 
     def diag(message: str, file: str | None, line: int | None, hint: str | None = None) -> None:
@@ -392,10 +414,25 @@ def check_block(decl: BlockDecl) -> list[Diagnostic]:
                         den = format_poly(atom.b, decl.order)
                         diags.append(Diagnostic(decl.qualname, None, f"cannot prove the divisor {den} is positive "
                                                 f"in {format_poly(d, decl.order)}", decl.file, line, f"{den} > 0"))
+    # every allocated size is a natural number: params' axes, subs' Dim arguments, array lengths
+    sizes: list[tuple[Poly, str, int | None]] = []
+    for m in decl.members:
+        if isinstance(m, ParamDecl):
+            sizes += [(d, f"param {m.name}: {m.type.format(decl.order)}", m.line) for d in m.type.dims
+                      if isinstance(d, Poly)]
+        else:
+            sizes += [(a, f"sub {m.name}: generic argument", m.line) for a in m.args if isinstance(a, Poly)]
+            if m.count is not None:
+                sizes.append((m.count, f"sub array {m.name}: layer count", m.line))
+    for d, what, line in sizes:
+        if not facts.nonneg(d):
+            text = format_poly(d, decl.order)
+            diags.append(Diagnostic(decl.qualname, None, f"{what}: cannot prove the size {text} is nonnegative "
+                                    f"from the where clause of {decl.qualname}", decl.file, line, f"{text} >= 0"))
     for sub in decl.subs:
         callee = sub.block.decl()
         dims, _ = sub.callee_binding()
-        for fact in callee.where:
+        for fact in callee.block_where():
             lhs, rhs = substitute(fact.lhs, dims), substitute(fact.rhs, dims)
             if not _holds(facts, fact.kind, lhs, rhs):
                 same = lhs == fact.lhs and rhs == fact.rhs
@@ -416,20 +453,21 @@ def _holds(facts: Facts, kind: str, lhs: Poly, rhs: Poly) -> bool:
     return facts.divides(lhs, rhs)
 
 
-def _fact_text(kind: str, lhs: Poly, rhs: Poly, decl: BlockDecl) -> str:
-    a, b = format_poly(lhs, decl.order), format_poly(rhs, decl.order)
+def _fact_text(kind: str, lhs: Poly, rhs: Poly, decl: BlockDecl | None) -> str:
+    order = decl.order if decl is not None else current().order
+    a, b = format_poly(lhs, order), format_poly(rhs, order)
     mod_atom = lhs.as_atom()
     if kind == "eq" and isinstance(mod_atom, Mod) and rhs == Poly.const(0):
         return f"{_operand(mod_atom.a, decl)} % {_operand(mod_atom.b, decl)} == 0"
     if kind == "ge":
-        return f"{a} >= {b}"
+        return ge_text(lhs - rhs, order)
     if kind == "divides":
         return f"{b} % {a} == 0"
     return f"{a} == {b}"
 
 
-def _operand(p: Poly, decl: BlockDecl) -> str:
-    text = format_poly(p, decl.order)
+def _operand(p: Poly, decl: BlockDecl | None) -> str:
+    text = format_poly(p, decl.order if decl is not None else current().order)
     return text if len(p.terms) <= 1 and (p.is_const or p.as_atom() is not None) else f"({text})"
 
 

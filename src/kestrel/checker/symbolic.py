@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..shapes.facts import Facts
-from ..shapes.poly import AtomOrder, Poly, format_poly
+from ..shapes.poly import AtomOrder, Poly, format_poly, ge_text
 from ..types.dtypes import DType, DTypeVar
 from ..types.tensor import TensorType, Variadic
 from .graph import Graph
@@ -94,7 +94,7 @@ def as_poly(x: Any) -> Poly:
 def require_positive(d: Poly) -> None:
     if not current().facts.positive(d):
         text = fmt(d)
-        raise ShapeError(f"cannot prove the divisor {text} is positive", hint=f"{text} > 0")
+        raise ShapeError(f"cannot prove the divisor {text} is positive", hint=ge_text(d, current().order, True))
 
 
 class SymDim:

@@ -136,7 +136,7 @@ class Model(Block):
     TextInner: Dim
     TextLayers: Dim
     T: Float = f32
-    where = ("Patch > 0, VisionHeads > 0, VisionD % VisionHeads == 0, TextHeads > 0, TextD % TextHeads == 0, "
+    where = ("Patch > 0, Height >= Patch, Width >= Patch, VisionHeads > 0, VisionD % VisionHeads == 0, TextHeads > 0, TextD % TextHeads == 0, "
              "MaxPositions > 0, TextD == VisionD")
     imports = ("std.nn.embedding", "std.nn.linear", "std.nn.norm")
 

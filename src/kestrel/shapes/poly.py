@@ -322,6 +322,9 @@ def floordiv(n: Poly, d: Poly) -> Poly:
             return n
         if n.is_const:
             return Poly.const(n.value // d.value)
+    common = _common_monomial(n, d)
+    if common:  # floor(m * a / (m * b)) == floor(a / b): the divisor is positive, so m is not 0
+        return floordiv(_strip(n, common), _strip(d, common))
     split = _split_by(n, d)
     if split is not None:
         q, r = split
@@ -347,6 +350,33 @@ def floordiv(n: Poly, d: Poly) -> Poly:
     return Poly.atom(FloorDiv(n, d))
 
 
+def _common_monomial(n: Poly, d: Poly) -> Monomial:
+    common: list[Atom] | None = None
+    for mono, _ in (*n.terms, *d.terms):
+        if common is None:
+            common = list(mono)
+            continue
+        rest, keep = list(mono), []
+        for a in common:
+            if a in rest:
+                rest.remove(a)
+                keep.append(a)
+        common = keep
+        if not common:
+            break
+    return tuple(sorted(common or ()))
+
+
+def _strip(p: Poly, m: Monomial) -> Poly:
+    out = []
+    for mono, c in p.terms:
+        rest = list(mono)
+        for a in m:
+            rest.remove(a)
+        out.append((tuple(rest), c))
+    return Poly(out)
+
+
 def mod(n: Poly, d: Poly) -> Poly:
     """n mod d (floor semantics, result in [0, d)) in canonical form."""
     if d.is_const:
@@ -356,6 +386,7 @@ def mod(n: Poly, d: Poly) -> Poly:
             return ZERO
         if n.is_const:
             return Poly.const(n.value % d.value)
+    n = _unwrap_mods(n, d)  # (a + c * (y % d)) mod d == (a + c * y) mod d
     split = _split_by(n, d)
     if split is not None:
         n = split[1]  # (d * q + r) mod d == r mod d
@@ -364,6 +395,23 @@ def mod(n: Poly, d: Poly) -> Poly:
     if d.is_const and n.is_const:  # the remainder may have become a constant: (2 * H + 1) % 2 is 1
         return Poly.const(n.value % d.value)
     return Poly.atom(Mod(n, d))
+
+
+def _unwrap_mods(n: Poly, d: Poly) -> Poly:
+    """Replace each term ``c * (y % d)`` of n by ``c * y``: the same value modulo d."""
+    for _ in range(8):
+        out: list[tuple[Monomial, int]] = []
+        changed = False
+        for mono, coef in n.terms:
+            if len(mono) == 1 and isinstance(mono[0], Mod) and mono[0].b == d:
+                out.extend((m, coef * c) for m, c in mono[0].a.terms)
+                changed = True
+            else:
+                out.append((mono, coef))
+        if not changed:
+            return n
+        n = Poly(out)
+    return n
 
 
 def _structurally_nonneg(p: Poly) -> bool:
@@ -518,3 +566,10 @@ def _format_atom(a: Atom, order: AtomOrder, alone: bool) -> str:
     op = "/" if isinstance(a, FloorDiv) else "%"
     text = f"{_format_operand(a.a, order)} {op} {_format_operand(a.b, order)}"
     return text if alone else f"({text})"
+
+
+def ge_text(p: Poly, order: AtomOrder | None = None, strict: bool = False) -> str:
+    """``p >= 0`` (``p > 0`` when strict) as a reader writes it: negative terms moved right."""
+    pos = Poly([t for t in p.terms if t[1] > 0])
+    neg = -Poly([t for t in p.terms if t[1] < 0])
+    return f"{format_poly(pos, order)} {'>' if strict else '>='} {format_poly(neg, order)}"

@@ -27,7 +27,7 @@ from ..checker.symbolic import (
     record,
     require_positive,
 )
-from ..shapes.poly import ONE, Poly, floordiv
+from ..shapes.poly import ONE, Poly, floordiv, ge_text
 from ..types.dtypes import DType, DTypeVar, bool_, f32, i64
 from ..types.tensor import TensorType, Variadic
 
@@ -36,6 +36,26 @@ from ..types.tensor import TensorType, Variadic
 
 def _t(x: SymTensor, dims: Sequence[Poly | Variadic], dtype: DType | DTypeVar | None = None) -> SymTensor:
     return SymTensor(TensorType(tuple(dims), dtype if dtype is not None else x.dtype))
+
+
+def nonneg(p: Poly, what: str, x: SymTensor | None = None) -> Poly:
+    """Prove the size ``p >= 0`` from the where clause, or fail naming the missing fact."""
+    if not current().facts.nonneg(p):
+        shape = f" ({x.show()})" if x is not None else ""
+        raise ShapeError(f"{what}: cannot prove the size {fmt(p)} is nonnegative{shape}", hint=_ge(p))
+    return p
+
+
+def positive(p: Poly, what: str, x: SymTensor | None = None) -> Poly:
+    """Prove the size ``p > 0`` (where torch refuses an empty axis), or fail naming the missing fact."""
+    if not current().facts.positive(p):
+        shape = f" ({x.show()})" if x is not None else ""
+        raise ShapeError(f"{what}: cannot prove the size {fmt(p)} is positive{shape}", hint=_ge(p, strict=True))
+    return p
+
+
+def _ge(p: Poly, strict: bool = False) -> str:
+    return ge_text(p, current().order, strict)
 
 
 def same(a: Poly, b: Poly, what: str, x: SymTensor, y: SymTensor | None = None) -> None:
@@ -275,8 +295,13 @@ bmm = matmul
 # ----------------------------------------------------------------------------------- convolution
 
 
-def _conv_out(size: Poly, k: Poly, stride: Poly, pad: Poly) -> Poly:
+def _conv_out(size: Poly, k: Poly, stride: Poly, pad: Poly, what: str = "conv", x: SymTensor | None = None) -> Poly:
+    """``(size + 2 pad - k) / stride + 1``; torch needs the kernel to fit: ``size + 2 pad >= k``."""
     require_positive(stride)
+    positive(k, f"{what}: the kernel size", x)
+    nonneg(pad, f"{what}: the padding", x)
+    nonneg(size + 2 * pad - k, f"{what}: the kernel {fmt(k)} must fit in the padded input (output size "
+           f"{fmt(floordiv(size + 2 * pad - k, stride) + 1)})", x)
     return floordiv(size + 2 * pad - k, stride) + 1
 
 
@@ -312,8 +337,8 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None, stride: An
     float_dtype(x, "conv2d")
     _conv_bias(bias, dw[0], weight, "conv2d")
     (sh, sw), (ph, pw) = _pair(stride), _pair(padding)
-    h = _conv_out(dx[2], dw[2], as_poly(sh), as_poly(ph))
-    w = _conv_out(dx[3], dw[3], as_poly(sw), as_poly(pw))
+    h = _conv_out(dx[2], dw[2], as_poly(sh), as_poly(ph), "conv2d", x)
+    w = _conv_out(dx[3], dw[3], as_poly(sw), as_poly(pw), "conv2d", x)
     return _t(x, [dx[0], dw[0], h, w])
 
 
@@ -334,7 +359,7 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None, stride: An
     same_dtype(x, weight, "conv1d")
     float_dtype(x, "conv1d")
     _conv_bias(bias, dw[0], weight, "conv1d")
-    return _t(x, [dx[0], dw[0], _conv_out(dx[2], dw[2], as_poly(stride), as_poly(padding))])
+    return _t(x, [dx[0], dw[0], _conv_out(dx[2], dw[2], as_poly(stride), as_poly(padding), "conv1d", x)])
 
 
 @op("conv_transpose2x2")
@@ -513,16 +538,27 @@ def _(x: SymTensor, *shape: Any) -> SymTensor:
     if None in target:
         known = _numel([t for t in target if t is not None])
         if not facts.divides(known, total):
+            k2, t2 = _cancel_common(known, total)
             raise ShapeError(f"reshape of {x.show()} to [{_show_target(target)}]: cannot prove {fmt(known)} "
-                             f"divides {fmt(total)}", hint=f"{fmt(total)} % {fmt(known)} == 0")
+                             f"divides {fmt(total)}", hint=f"{fmt(t2)} % {fmt(k2)} == 0")
         require_positive(known)
         target[target.index(None)] = floordiv(total, known)
     dims: list[Poly] = [t for t in target if t is not None]
+    for t in dims:
+        nonneg(t, "reshape: a target axis", x)
     if not facts.equal(_numel(dims), total):
         hint = _divisibility_hint(dims)
         raise ShapeError(f"reshape of {x.show()} to [{_show(dims)}]: element counts {fmt(total)} and "
                          f"{fmt(_numel(dims))} cannot be proved equal", hint=hint)
     return _t(x, dims)
+
+
+def _cancel_common(known: Poly, total: Poly) -> tuple[Poly, Poly]:
+    """``known`` and ``total`` without their common monomial factor: what the hint must name."""
+    from ..shapes.facts import _common_factor
+
+    _, k, t = _common_factor(known, total)
+    return k, t
 
 
 def _show_target(t: Sequence[Poly | None]) -> str:
@@ -626,7 +662,7 @@ def _(x: SymTensor, *sizes: Any) -> SymTensor:
                 raise ShapeError(f"expand: -1 for a new leading axis of {x.show()}")
             out.append(cur)
             continue
-        want = as_poly(s)
+        want = nonneg(as_poly(s), "expand: a target axis", x)
         if cur is not None and cur != ONE:
             same(cur, want, f"expand: axis {i - offset} is not 1 and differs", x)
         out.append(want)
@@ -688,7 +724,7 @@ def split(x: torch.Tensor, sizes: Sequence[Any], dim: int = -1) -> tuple[torch.T
 def _(x: SymTensor, sizes: Sequence[Any], dim: int = -1) -> tuple[SymTensor, ...]:
     d = list(x.dims)
     i = axis(x, dim)
-    parts = [as_poly(s) for s in sizes]
+    parts = [nonneg(as_poly(s), "split: a piece", x) for s in sizes]
     same(_sum(parts), d[i], "split: the pieces do not add up to the axis", x)  # type: ignore[arg-type]
     return tuple(_t(x, [*d[:i], p, *d[i + 1:]]) for p in parts)
 
@@ -716,7 +752,7 @@ def _(x: SymTensor, pads: Sequence[Any], value: float = 0.0) -> SymTensor:
         before, after = as_poly(pads[2 * k]), as_poly(pads[2 * k + 1])
         for p in (before, after):
             if not facts.nonneg(p):
-                raise ShapeError(f"pad: cannot prove the padding {fmt(p)} is nonnegative", hint=f"{fmt(p)} >= 0")
+                raise ShapeError(f"pad: cannot prove the padding {fmt(p)} is nonnegative", hint=_ge(p))
         d[len(d) - 1 - k] = d[len(d) - 1 - k] + before + after
     return _t(x, d)
 
@@ -729,7 +765,7 @@ def repeat(x: torch.Tensor, *times: Any) -> torch.Tensor:
 @repeat.rule
 def _(x: SymTensor, *times: Any) -> SymTensor:
     d = x.fixed_dims("repeat")
-    t = [as_poly(s) for s in times]
+    t = [nonneg(as_poly(s), "repeat: a factor", x) for s in times]
     if len(t) < len(d):
         raise ShapeError(f"repeat of {x.show()} with {len(t)} factors")
     d = [ONE] * (len(t) - len(d)) + d
@@ -755,11 +791,12 @@ def _slice_len(size: Poly, s: slice, where: str = "") -> Poly:
         stop = size + stop
     for bound, name in ((start, "start"), (stop, "stop")):
         if not (facts.nonneg(bound) and facts.nonneg(size - bound)):
+            bad = bound if not facts.nonneg(bound) else size - bound
             raise ShapeError(f"slice {name} {fmt(bound)} may be outside an axis of length {fmt(size)}{where}",
-                             hint=f"{fmt(size)} >= {fmt(bound)}")
+                             hint=_ge(bad))
     if not facts.nonneg(stop - start):
         raise ShapeError(f"slice {fmt(start)}:{fmt(stop)} may be empty or reversed{where}",
-                         hint=f"{fmt(stop)} >= {fmt(start)}")
+                         hint=_ge(stop - start))
     return floordiv(stop - start + step - 1, step)
 
 
@@ -787,9 +824,9 @@ def getitem(x: SymTensor, index: Any) -> SymTensor:
         elif isinstance(i, int | SymDim):
             p = as_poly(i)
             if p.is_const and p.value < 0:  # x[-k] needs size >= k
-                ok, hint = facts.nonneg(size + p), f"{fmt(size)} >= {fmt(-p)}"
+                ok, hint = facts.nonneg(size + p), _ge(size + p)
             else:
-                ok, hint = facts.positive(size - p), f"{fmt(size)} > {fmt(p)}"
+                ok, hint = facts.positive(size - p), _ge(size - p, strict=True)
             if not ok:
                 raise ShapeError(f"index {fmt(p)} may be out of range for an axis of length {fmt(size)} "
                                  f"in {x.show()}", hint=hint)
@@ -886,7 +923,7 @@ def _(table: SymTensor, n: Any) -> SymTensor:
     d = table.fixed_dims("relative_positions")
     if len(d) != 2:
         raise ShapeError(f"relative_positions takes a [2n - 1, C] table, got {table.show()}")
-    size = as_poly(n)
+    size = positive(as_poly(n), "relative_positions: the length", table)
     same(d[0], 2 * size - 1, "relative_positions: the table length is not 2n - 1", table)
     return _t(table, [size, size, d[1]])
 
@@ -945,8 +982,14 @@ def _(x: SymTensor, size: tuple[Any, Any] | None = None, scale_factor: Any = Non
     if size is None:
         if not isinstance(scale_factor, int):
             raise ShapeError("interpolate: give an output size (a float scale factor has no exact shape)")
+        if scale_factor < 1:
+            raise ShapeError(f"interpolate: the scale factor {scale_factor} must be at least 1")
         return _t(x, [d[0], d[1], d[2] * scale_factor, d[3] * scale_factor])
     h, w = _pair(size)
+    for s in (h, w):
+        positive(as_poly(s), "interpolate: the output size", x)
+    for s in (d[2], d[3]):
+        positive(s, "interpolate: the input size", x)
     return _t(x, [d[0], d[1], as_poly(h), as_poly(w)])
 
 
@@ -961,7 +1004,8 @@ def _(x: SymTensor, kernel: int, stride: int | None = None) -> SymTensor:
     float_dtype(x, "max_pool2d")
     s = as_poly(stride if stride is not None else kernel)
     k = as_poly(kernel)
-    return _t(x, [*d[:-2], _conv_out(d[-2], k, s, Poly()), _conv_out(d[-1], k, s, Poly())])
+    return _t(x, [*d[:-2], _conv_out(d[-2], k, s, Poly(), "max_pool2d", x),
+                  _conv_out(d[-1], k, s, Poly(), "max_pool2d", x)])
 
 
 # ----------------------------------------------------------------------------------- dtypes
@@ -988,7 +1032,7 @@ def arange_like(x: torch.Tensor, n: int) -> torch.Tensor:
 @arange_like.rule
 def _(x: SymTensor, n: Any) -> SymTensor:
     numeric_dtype(x, "arange_like")
-    return _t(x, [as_poly(n)])
+    return _t(x, [nonneg(as_poly(n), "arange_like: the length", x)])
 
 
 # ------------------------------------------------------------------------- tensor methods
