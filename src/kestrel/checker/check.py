@@ -16,7 +16,8 @@ from typing import Any
 from ..blocks.block import Block
 from ..blocks.decl import BlockDecl, DeclarationError, FnDecl, ParamDecl, SubDecl
 from ..shapes.facts import Facts
-from ..shapes.poly import FloorDiv, Mod, Poly, format_poly, ge_text, substitute
+from ..shapes.parse import DimParseError, parse_facts
+from ..shapes.poly import FloorDiv, Mod, Poly, Sym, format_poly, ge_text, substitute
 from ..types.dtypes import DType, DTypeVar
 from ..types.tensor import TensorType, TupleType, Type, Variadic
 from ..types.unify import Binding, match
@@ -342,12 +343,45 @@ def check_function(decl: BlockDecl, fn: FnDecl) -> tuple[Graph, list[Diagnostic]
     return graph, diags
 
 
-def _where_hint(decl: BlockDecl, hint: str | None) -> str | None:
-    """The suggested fact, when a ``where`` clause can say it: only block generics, not ``B`` or ``N``."""
+def _where_hint(decl: BlockDecl, hint: str | None, facts: Facts | None = None) -> str | None:
+    """The suggested fact, when a ``where`` clause can say it and it would help.
+
+    Only facts over the block's generics (not ``B`` or ``N``), never a constant one (``8 == 0``
+    is either already true or impossible), and never one the where clause already implies (it
+    would change nothing).
+    """
     if hint is None:
         return None
     names = set(re.findall(r"[A-Za-z_]\w*", hint)) - {"min", "max"}
-    return hint if names <= {g.name for g in decl.generics if g.is_dim} else None
+    if not names or not names <= {g.name for g in decl.generics if g.is_dim}:
+        return None
+    try:
+        said = parse_facts(hint)
+    except DimParseError:
+        return None
+    facts = facts if facts is not None else decl.facts()
+    if all(_holds(facts, f.kind, f.lhs, f.rhs) for f in said):
+        return None  # already implied: naming it would not make the diagnostic go away
+    if _impossible(said):
+        return None
+    return hint
+
+
+def _impossible(said: list) -> bool:
+    """A fact false at every binding we can see cheaply: a false constant comparison."""
+    for f in said:
+        diff = f.lhs - f.rhs
+        if f.kind == "eq" and diff.is_const and diff.value != 0:
+            return True
+        if f.kind == "ge" and diff.is_const and diff.value < 0:
+            return True
+        if f.kind == "ge" and all(c < 0 for _, c in diff.terms) and _nonneg_atoms(diff):
+            return True  # -X - 3 >= 0 cannot hold for natural X
+    return False
+
+
+def _nonneg_atoms(p: Poly) -> bool:
+    return all(isinstance(a, Sym) for m, _ in p.terms for a in m)
 
 
 def _variadic_names(fn: FnDecl) -> set[str]:
@@ -428,7 +462,8 @@ def check_block(decl: BlockDecl) -> list[Diagnostic]:
         if not facts.nonneg(d):
             text = format_poly(d, decl.order)
             diags.append(Diagnostic(decl.qualname, None, f"{what}: cannot prove the size {text} is nonnegative "
-                                    f"from the where clause of {decl.qualname}", decl.file, line, f"{text} >= 0"))
+                                    f"from the where clause of {decl.qualname}", decl.file, line,
+                                    _where_hint(decl, ge_text(d, decl.order), facts)))
     for sub in decl.subs:
         callee = sub.block.decl()
         dims, _ = sub.callee_binding()

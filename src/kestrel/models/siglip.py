@@ -136,8 +136,8 @@ class Model(Block):
     TextInner: Dim
     TextLayers: Dim
     T: Float = f32
-    where = ("Patch > 0, Height >= Patch, Width >= Patch, VisionHeads > 0, VisionD % VisionHeads == 0, TextHeads > 0, TextD % TextHeads == 0, "
-             "MaxPositions > 0, TextD == VisionD")
+    where = ("Patch > 0, VisionHeads > 0, VisionD % VisionHeads == 0, TextHeads > 0, TextD % TextHeads == 0, "
+             "MaxPositions > 0, TextD == VisionD, Height >= Patch, Width >= Patch")
     imports = ("std.nn.embedding", "std.nn.linear", "std.nn.norm")
 
     patch_weight: Param["VisionD, Channels, Patch, Patch; T"]

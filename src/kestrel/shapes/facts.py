@@ -83,6 +83,8 @@ class Facts:
                 break
             p = q
         divisors = [(substitute(d, subst), substitute(n, subst)) for d, n in self._divisors()]
+        # quotients that are exact from their structure (``(H + (-H) % W) / W``) cancel too
+        divisors += [(a.b, a.a) for a in p.atoms() if isinstance(a, FloorDiv) and mod(a.a, a.b) == ZERO]
         if not divisors:
             return p
         return _cancel_exact_divisions(p, divisors)
@@ -111,14 +113,19 @@ class Facts:
         return self.nonneg(p - 1)
 
     def divides(self, d: Poly, n: Poly) -> bool:
-        d, n = self.simplify(d), self.simplify(n)
-        if n == ZERO or mod(n, d) == ZERO:
-            return True
+        if d == ZERO:
+            return False
         common, d2, n2 = _common_factor(d, n)  # m * d' divides m * n' when d' divides n'
         if common is not None:
             return self.divides(d2, n2)
-        if d.is_const and d.value in (1, -1):
+        if n == ZERO or mod(n, d) == ZERO or (d.is_const and d.value in (1, -1)):
             return True
+        d, n = self.simplify(d), self.simplify(n)
+        if n == ZERO or mod(n, d) == ZERO:
+            return True
+        common, d2, n2 = _common_factor(d, n)
+        if common is not None:
+            return self.divides(d2, n2)
         if any(self.equal(d, fd) and self.equal(n, fn) for fd, fn in self._divisors()):
             return True
         # d | a and d | b give d | (a * k + b * l): split n into terms the known divisors cover

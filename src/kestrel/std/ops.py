@@ -24,6 +24,7 @@ from ..checker.symbolic import (
     current,
     fmt,
     op,
+    positive_hint,
     record,
     require_positive,
 )
@@ -50,7 +51,7 @@ def positive(p: Poly, what: str, x: SymTensor | None = None) -> Poly:
     """Prove the size ``p > 0`` (where torch refuses an empty axis), or fail naming the missing fact."""
     if not current().facts.positive(p):
         shape = f" ({x.show()})" if x is not None else ""
-        raise ShapeError(f"{what}: cannot prove the size {fmt(p)} is positive{shape}", hint=_ge(p, strict=True))
+        raise ShapeError(f"{what}: cannot prove the size {fmt(p)} is positive{shape}", hint=positive_hint(p))
     return p
 
 
@@ -923,7 +924,7 @@ def _(table: SymTensor, n: Any) -> SymTensor:
     d = table.fixed_dims("relative_positions")
     if len(d) != 2:
         raise ShapeError(f"relative_positions takes a [2n - 1, C] table, got {table.show()}")
-    size = positive(as_poly(n), "relative_positions: the length", table)
+    size = as_poly(n)  # the table's length 2n - 1, a size, makes n >= 1
     same(d[0], 2 * size - 1, "relative_positions: the table length is not 2n - 1", table)
     return _t(table, [size, size, d[1]])
 
