@@ -572,4 +572,6 @@ def ge_text(p: Poly, order: AtomOrder | None = None, strict: bool = False) -> st
     """``p >= 0`` (``p > 0`` when strict) as a reader writes it: negative terms moved right."""
     pos = Poly([t for t in p.terms if t[1] > 0])
     neg = -Poly([t for t in p.terms if t[1] < 0])
+    if not strict and neg == Poly.const(1):  # ``D >= 1`` reads ``D > 0``
+        return f"{format_poly(pos, order)} > 0"
     return f"{format_poly(pos, order)} {'>' if strict else '>='} {format_poly(neg, order)}"

@@ -336,6 +336,7 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None, stride: An
     same(dx[1], dw[1], "conv2d: input channels differ", x, weight)
     same_dtype(x, weight, "conv2d")
     float_dtype(x, "conv2d")
+    positive(dw[0], "conv2d: the output channels", weight)
     _conv_bias(bias, dw[0], weight, "conv2d")
     (sh, sw), (ph, pw) = _pair(stride), _pair(padding)
     h = _conv_out(dx[2], dw[2], as_poly(sh), as_poly(ph), "conv2d", x)
@@ -359,6 +360,7 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None, stride: An
     same(dx[1], dw[1], "conv1d: input channels differ", x, weight)
     same_dtype(x, weight, "conv1d")
     float_dtype(x, "conv1d")
+    positive(dw[0], "conv1d: the output channels", weight)
     _conv_bias(bias, dw[0], weight, "conv1d")
     return _t(x, [dx[0], dw[0], _conv_out(dx[2], dw[2], as_poly(stride), as_poly(padding), "conv1d", x)])
 
@@ -378,6 +380,8 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None) -> SymTens
     same(dx[1], dw[0], "conv_transpose2x2: input channels differ", x, weight)
     same_dtype(x, weight, "conv_transpose2x2")
     float_dtype(x, "conv_transpose2x2")
+    positive(dw[0], "conv_transpose2x2: the input channels", weight)
+    positive(dw[1], "conv_transpose2x2: the output channels", weight)
     _conv_bias(bias, dw[1], weight, "conv_transpose2x2")
     return _t(x, [dx[0], dw[1], 2 * dx[2], 2 * dx[3]])
 
@@ -943,6 +947,9 @@ def _reduce(name: str, torch_fn: Any) -> Any:
         axes = {axis(x, a) for a in (dim if isinstance(dim, list | tuple) else [dim])}
         out = [ONE if i in axes else s for i, s in enumerate(d)] if keepdim else [
             s for i, s in enumerate(d) if i not in axes]
+        if name == "amax":
+            for i in axes:  # torch refuses the max of nothing
+                positive(d[i], "amax: the reduced axis", x)
         if name == "mean":
             float_dtype(x, name)
         elif name == "sum" and kind_of(x) != "Float":
@@ -989,8 +996,8 @@ def _(x: SymTensor, size: tuple[Any, Any] | None = None, scale_factor: Any = Non
     h, w = _pair(size)
     for s in (h, w):
         positive(as_poly(s), "interpolate: the output size", x)
-    for s in (d[2], d[3]):
-        positive(s, "interpolate: the input size", x)
+    for s in d[1:]:  # torch refuses an empty input (an empty batch is fine)
+        positive(s, "interpolate: an input axis", x)
     return _t(x, [d[0], d[1], as_poly(h), as_poly(w)])
 
 
@@ -1003,6 +1010,8 @@ def max_pool2d(x: torch.Tensor, kernel: int, stride: int | None = None) -> torch
 def _(x: SymTensor, kernel: int, stride: int | None = None) -> SymTensor:
     d = x.fixed_dims("max_pool2d")
     float_dtype(x, "max_pool2d")
+    for a in d[1:-2]:  # torch refuses empty channels (an empty batch is fine)
+        positive(a, "max_pool2d: the channels", x)
     s = as_poly(stride if stride is not None else kernel)
     k = as_poly(kernel)
     return _t(x, [*d[:-2], _conv_out(d[-2], k, s, Poly(), "max_pool2d", x),
