@@ -80,6 +80,8 @@ def _token_ops(rnd: random.Random, prog: Program) -> None:
         prog.body.append(f"x = x[..., : self.{k}]")
         prog.dims[-1] = k
     elif choice == "cat":
+        if last.isidentifier():
+            prog.facts.append(f"{last} > 0")
         prog.body.append("x = ops.cat([x, x[:, :, :1]], dim=-1)")
         prog.dims[-1] = f"{_p(last)} + 1"
     else:
@@ -92,7 +94,7 @@ def _image_ops(rnd: random.Random, prog: Program) -> None:
     choice = rnd.choice(["conv", "conv", "pool", "pad", "interpolate", "gelu"])
     if choice == "conv":
         co, k, s, pad = prog.new("Co"), prog.new("Kk"), prog.new("St"), prog.new("Pd")
-        prog.facts += [f"{k} > 0", f"{s} > 0", f"{h} + 2 * {pad} >= {k}", f"{w} + 2 * {pad} >= {k}"]
+        prog.facts += [f"{co} > 0", f"{k} > 0", f"{s} > 0", f"{h} + 2 * {pad} >= {k}", f"{w} + 2 * {pad} >= {k}"]
         prog.subs.append(f"conv{prog.n}: Conv2d[\"{c}, {co}, {k}, {s}, {pad}, T\"]")
         prog.body.append(f"x = self.conv{prog.n}(x)")
         prog.dims[1:] = [co, f"({h} + 2 * {pad} - {k}) / {s} + 1", f"({w} + 2 * {pad} - {k}) / {s} + 1"]
@@ -119,6 +121,7 @@ def generate(rnd: random.Random, index: int) -> tuple[str, bool]:
     image = rnd.random() < 0.5
     if image:
         c = prog.new("C")
+        prog.facts.append(f"{c} > 0")
         prog.dims = ["B", c, "H", "W"]
         inp = f"Tensor[B, {c}, H, W; T]"
         for _ in range(rnd.randint(1, 3)):
@@ -246,6 +249,7 @@ def test_random_blocks_that_check_run_with_their_declared_types(tmp_path):
     # the test has teeth: most generated programs are accepted and run, the mutants are refused
     assert stats["accepted"] >= 12 and stats["runs"] >= 20, stats
     assert stats["refused"] >= 3, stats
+    assert stats["refused_unmutated"] == 0, stats  # and the right ones are accepted
 
 
 @pytest.mark.soundness_sweep

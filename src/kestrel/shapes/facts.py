@@ -75,7 +75,15 @@ class Facts:
         return out
 
     def simplify(self, p: Poly) -> Poly:
-        """Rewrite p with the equalities, and ``d * (n / d)`` to ``n`` where ``d`` divides ``n``."""
+        """Rewrite p with the equalities, and ``d * (n / d)`` to ``n`` where ``d`` divides ``n``.
+
+        The operands of nested atoms are simplified first (``(H * (D / H)) / K`` is ``D / K``
+        when ``H`` divides ``D``).
+        """
+        p = _map_atoms(p, self.simplify)
+        return self._simplify_top(p)
+
+    def _simplify_top(self, p: Poly) -> Poly:
         subst = self._equalities()
         for _ in range(4):  # equalities may chain; a few rounds reach the fixed point here
             q = substitute(p, subst)
@@ -288,6 +296,30 @@ def _covered(n: Poly, d: Poly, known: list[Poly]) -> bool:
                 kept.append((mono, c))
         rest = Poly(kept)
     return rest == ZERO or mod(rest, d) == ZERO
+
+
+_REBUILD = {FloorDiv: floordiv, Mod: mod}
+
+
+def _map_atoms(p: Poly, f) -> Poly:
+    """p with every floor-division and modulo atom rebuilt from ``f`` of its operands."""
+    if all(isinstance(a, Sym) for m, _ in p.terms for a in m):
+        return p
+    cache: dict[Atom, Poly] = {}
+
+    def atom(a: Atom) -> Poly:
+        if a not in cache:
+            build = _REBUILD.get(type(a))
+            cache[a] = build(f(a.a), f(a.b)) if build is not None else Poly.atom(a)  # type: ignore[attr-defined]
+        return cache[a]
+
+    out = ZERO
+    for mono, coef in p.terms:
+        term = Poly.const(coef)
+        for a in mono:
+            term = term * atom(a)
+        out = out + term
+    return out
 
 
 def _cancel_exact_divisions(p: Poly, divisors: list[tuple[Poly, Poly]]) -> Poly:

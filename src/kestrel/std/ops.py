@@ -234,6 +234,7 @@ def _onednn_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (USE_ONEDNN_LINEAR and not torch.compiler.is_compiling()
             and type(x) is torch.Tensor and type(weight) in (torch.Tensor, torch.nn.Parameter)
             and x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
+            and x.numel() > 0 and weight.numel() > 0  # oneDNN refuses empty operands; F.linear takes them
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
 
 
