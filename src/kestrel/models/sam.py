@@ -197,7 +197,7 @@ class VisionNeck(Block):
     D: Dim
     Hd: Dim
     T: Float
-    where = "Hd > 0"
+    where = "D > 0, Hd > 0"
 
     conv1: Conv2d["D, Hd, 1, 1, 0, T"]
     ln1: LayerNormCHW["Hd, T"]

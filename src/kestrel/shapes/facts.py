@@ -19,6 +19,7 @@ from .poly import (
     Poly,
     Sym,
     _Binary,
+    exact_quotient,
     floordiv,
     format_poly,
     mod,
@@ -113,6 +114,7 @@ class Facts:
         p = self.simplify(p)
         shift, ges = self._shifted_facts()
         p = substitute(p, shift)
+        ges = ges + [g for g in _quotient_bounds(p) if g not in ges]
         if _nonneg(p, ges, _DEPTH):
             return True
         raised = _raise_quotients(p, ges)  # floor(a / b) >= 1 where a >= b: write it 1 + q'
@@ -128,6 +130,14 @@ class Facts:
             return self.divides(d2, n2)
         if n == ZERO or mod(n, d) == ZERO or (d.is_const and d.value in (1, -1)):
             return True
+        if len(d.terms) > 1:
+            if exact_quotient(n, d) is not None:
+                return True
+            common, _, rest = _common_factor(d, d)  # d = c * d': d' | n and c | n / d'
+            if common is not None and len(rest.terms) > 1:
+                inner = exact_quotient(n, rest)
+                if inner is not None:
+                    return self.divides(common, inner)
         d, n = self.simplify(d), self.simplify(n)
         if n == ZERO or mod(n, d) == ZERO:
             return True
@@ -152,6 +162,8 @@ class Facts:
                     g = substitute(self.simplify(f.lhs - f.rhs), shift)
                     if g != ZERO and not _structural(g) and g not in ges:
                         ges.append(g)
+            for g in list(ges):
+                ges += [b for b in _quotient_bounds(g) if b not in ges]
             self._cache = (shift, ges)
             self._cache_key = key
         return self._cache
@@ -198,6 +210,16 @@ def _nonneg(p: Poly, ges: list[Poly], depth: int) -> bool:
         if _nonneg(p - k * g, ges, depth - 1):
             return True
     return False
+
+
+def _quotient_bounds(p: Poly) -> list[Poly]:
+    """``n - c * q >= 0`` and ``c * q + c - 1 - n >= 0`` for each quotient ``q = n / c`` in p (c > 0)."""
+    out = []
+    for a in p.atoms():
+        if isinstance(a, FloorDiv) and a.b.is_const and a.b.value > 0:
+            c, q = a.b.value, Poly.atom(a)
+            out += [a.a - c * q, c * q + (c - 1) - a.a]
+    return out
 
 
 def _raise_quotients(p: Poly, ges: list[Poly]) -> Poly | None:

@@ -325,6 +325,15 @@ def floordiv(n: Poly, d: Poly) -> Poly:
     common = _common_monomial(n, d)
     if common:  # floor(m * a / (m * b)) == floor(a / b): the divisor is positive, so m is not 0
         return floordiv(_strip(n, common), _strip(d, common))
+    if len(d.terms) > 1:
+        exact = exact_quotient(n, d)
+        if exact is not None:  # n == d * q as polynomials: the floor is q
+            return exact
+        content = _common_monomial(d, d)
+        if content:  # d = c * d' with d' dividing n: floor(n / d) = floor((n / d') / c)
+            inner = exact_quotient(n, _strip(d, content))
+            if inner is not None:
+                return floordiv(inner, Poly({content: 1}))
     split = _split_by(n, d)
     if split is not None:
         q, r = split
@@ -348,6 +357,35 @@ def floordiv(n: Poly, d: Poly) -> Poly:
     if isinstance(inner, FloorDiv):
         return floordiv(inner.a, inner.b * d)
     return Poly.atom(FloorDiv(n, d))
+
+
+def _lead(p: Poly) -> tuple[Monomial, int]:
+    """The leading term in graded order over atom ids (a fixed monomial order)."""
+    return max(p.terms, key=lambda t: (len(t[0]), sorted((a.id for a in t[0]), reverse=True)))
+
+
+def exact_quotient(n: Poly, d: Poly) -> Poly | None:
+    """q with ``n == d * q`` as polynomials over the atoms, or None.
+
+    Division by one polynomial in a fixed monomial order leaves a unique remainder, zero exactly
+    when d divides n; integer coefficients must divide too (otherwise None: not proved).
+    """
+    if d == ZERO:
+        return None
+    dm, dc = _lead(d)
+    q: list[tuple[Monomial, int]] = []
+    r = n
+    for _ in range(64):
+        if r == ZERO:
+            return Poly(q)
+        rm, rc = _lead(r)
+        rest = _mono_divide(rm, dm)
+        if rest is None or rc % dc:
+            return None
+        term = Poly({tuple(sorted(rest)): rc // dc})
+        q.append((tuple(sorted(rest)), rc // dc))
+        r = r - d * term
+    return None
 
 
 def _common_monomial(n: Poly, d: Poly) -> Monomial:

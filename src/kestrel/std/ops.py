@@ -338,6 +338,7 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None, stride: An
     same_dtype(x, weight, "conv2d")
     float_dtype(x, "conv2d")
     positive(dw[0], "conv2d: the output channels", weight)
+    positive(dx[1], "conv2d: the input channels", x)  # torch gives 0 output channels for 0 input ones
     _conv_bias(bias, dw[0], weight, "conv2d")
     (sh, sw), (ph, pw) = _pair(stride), _pair(padding)
     h = _conv_out(dx[2], dw[2], as_poly(sh), as_poly(ph), "conv2d", x)
@@ -362,6 +363,7 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None, stride: An
     same_dtype(x, weight, "conv1d")
     float_dtype(x, "conv1d")
     positive(dw[0], "conv1d: the output channels", weight)
+    positive(dx[1], "conv1d: the input channels", x)
     _conv_bias(bias, dw[0], weight, "conv1d")
     return _t(x, [dx[0], dw[0], _conv_out(dx[2], dw[2], as_poly(stride), as_poly(padding), "conv1d", x)])
 
