@@ -362,15 +362,19 @@ def _where_hint(decl: BlockDecl, hint: str | None, facts: Facts | None = None) -
     facts = facts if facts is not None else decl.facts()
     if all(_holds(facts, f.kind, f.lhs, f.rhs) for f in said):
         return None  # already implied: naming it would not make the diagnostic go away
-    if _impossible(said):
+    if _impossible(said, facts):
         return None
     return hint
 
 
-def _impossible(said: list) -> bool:
-    """A fact false at every binding we can see cheaply: a false constant comparison."""
+def _impossible(said: list, facts: Facts) -> bool:
+    """A fact false at every binding the where clause allows, as far as the prover sees."""
     for f in said:
-        diff = f.lhs - f.rhs
+        diff = facts.simplify(f.lhs - f.rhs)
+        if f.kind == "eq" and (facts.positive(diff) or facts.positive(-diff)):
+            return True
+        if f.kind == "ge" and facts.positive(-diff):
+            return True
         if f.kind == "eq" and diff.is_const and diff.value != 0:
             return True
         if f.kind == "ge" and diff.is_const and diff.value < 0:

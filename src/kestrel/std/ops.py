@@ -548,7 +548,7 @@ def _(x: SymTensor, *shape: Any) -> SymTensor:
         if not facts.divides(known, total):
             k2, t2 = _cancel_common(known, total)
             raise ShapeError(f"reshape of {x.show()} to [{_show_target(target)}]: cannot prove {fmt(known)} "
-                             f"divides {fmt(total)}", hint=f"{fmt(t2)} % {fmt(k2)} == 0")
+                             f"divides {fmt(total)}", hint=f"{_operand(t2)} % {_operand(k2)} == 0")
         require_positive(known)
         target[target.index(None)] = floordiv(total, known)
     dims: list[Poly] = [t for t in target if t is not None]
@@ -576,11 +576,17 @@ def _show_target(t: Sequence[Poly | None]) -> str:
 def _divisibility_hint(dims: Sequence[Poly]) -> str | None:
     from ..shapes.poly import FloorDiv
 
+    facts = current().facts
     for d in dims:
-        for a in d.atoms():
-            if isinstance(a, FloorDiv):
-                return f"{fmt(a.a)} % {fmt(a.b)} == 0"
+        for a in d.atoms():  # the first division not already known exact is the missing fact
+            if isinstance(a, FloorDiv) and not facts.divides(a.b, a.a):
+                return f"{_operand(a.a)} % {_operand(a.b)} == 0"
     return None
+
+
+def _operand(p: Poly) -> str:
+    text = fmt(p)
+    return text if p.is_const or p.as_atom() is not None else f"({text})"
 
 
 view = reshape
