@@ -278,7 +278,6 @@ def _prove_preconditions(callee: BlockDecl, fn: FnDecl, mapping: dict[str, Poly]
                          free_now: set[str], label: str, sig: str) -> None:
     """The callee's own dims are positive and its ``where`` facts on them hold, in the caller's terms."""
     ctx = current()
-    here = {**mapping, **binding.dims}
     for n in sorted(free_now):
         v = binding.dims.get(n)
         if v is not None and not ctx.facts.positive(v):
@@ -292,7 +291,6 @@ def _prove_preconditions(callee: BlockDecl, fn: FnDecl, mapping: dict[str, Poly]
             shown = _fact_text(fact.kind, lhs, rhs, None)
             raise ShapeError(f"{label}: {sig} requires `{fact}`, which here reads `{shown}` and cannot be "
                              "proved", hint=shown)
-    del here
 
 
 def _args_in_order(callee: BlockDecl, dims: dict[str, Poly], dtypes: dict) -> list:
