@@ -50,7 +50,8 @@ def _p(e: str) -> str:
 def _token_ops(rnd: random.Random, prog: Program) -> None:
     """One op on a ``[B, N, D]`` tensor."""
     last = prog.dims[-1]
-    choice = rnd.choice(["linear", "norm", "gelu", "heads", "slice", "cat", "residual", "attention"])
+    choice = rnd.choice(["linear", "norm", "gelu", "heads", "slice", "cat", "residual", "attention", "stack",
+                         "softmax"])
     if choice == "linear":
         e = prog.new("E")
         prog.facts.append(f"{e} > 0")
@@ -63,6 +64,13 @@ def _token_ops(rnd: random.Random, prog: Program) -> None:
         prog.body.append(f"x = self.norm{prog.n - 1}(x)")
     elif choice == "gelu":
         prog.body.append("x = ops.gelu(x)")
+    elif choice == "softmax":
+        prog.body.append("x = ops.softmax(x, dim=-1)")
+    elif choice == "stack":  # a layer stack of any depth, zero included
+        n = prog.new("L")
+        prog.subs.append(f"stack{prog.n}: Array[Linear[\"{last}, {last}, T\"], \"{n}\"]")
+        prog.body.append(f"for layer in self.stack{prog.n}:")
+        prog.body.append("    x = ops.gelu(layer(x)) + x")
     elif choice == "residual":
         prog.body.append("x = x + ops.silu(x)")
     elif choice in ("heads", "attention") and last.isidentifier():
@@ -168,7 +176,7 @@ class P{index}(Block, module="rand.p{index}"):
     return src, mutated
 
 
-HEADER = """from kestrel.blocks import Block, Dim, Float, entry, f32
+HEADER = """from kestrel.blocks import Array, Block, Dim, Float, entry, f32
 from kestrel.std import ops
 from kestrel.std.nn import Conv2d, Linear, RmsNorm
 """
