@@ -204,6 +204,28 @@ class GrowingList(Block, module="test.sound"):
         return ops.stack(outs, dim=1)
 
 
+class LastOutput(Block, module="test.sound"):
+    D: Dim
+    Layers: Dim
+    T: Float = f32
+
+    layers: Array[Linear["D, D, T"], "Layers"]
+
+    def forward(self, x: "Tensor[B, D; T]") -> "Tensor[B, D; T]":
+        for layer in self.layers:  # planted: last-output
+            y = layer(x)
+        return y
+
+
+def test_a_value_bound_only_inside_a_possibly_empty_stack_is_refused():
+    d = diagnose(LastOutput)
+    assert_at(d, "last-output", "y", "Layers")
+    assert d.hint == "Layers > 0"
+    assert_hint_fixes(LastOutput, d)
+    with pytest.raises(UnboundLocalError):  # what it would do at run time
+        LastOutput(D=2, Layers=0)(torch.randn(1, 2))
+
+
 def test_a_stack_that_changes_the_type_is_refused_with_both_types():
     d = diagnose(ChainedStack)
     assert_at(d, "chain", "Tensor[B, D; T]", "Tensor[B, E; T]", "layers")

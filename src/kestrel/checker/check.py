@@ -7,6 +7,7 @@ instantiated with the caller's generics (callee bodies are checked once, generic
 
 from __future__ import annotations
 
+import dis
 import os
 import re
 import sys
@@ -167,7 +168,10 @@ class ArrayProxy:
         try:
             yield SubProxy(self.sub, f"{self.sub.name}[i]")
         finally:
-            _check_fixed_point(self.sub, before, sizes, dict(frame.f_locals))
+            after = dict(frame.f_locals)
+            _check_fixed_point(self.sub, before, sizes, after)
+            _check_defined_before(self.sub, frame, [k for k, v in after.items()
+                                                    if k not in before and _tensors_of(v) is not None])
 
     def __len__(self) -> int:
         assert self.sub.count is not None
@@ -209,6 +213,24 @@ def _check_fixed_point(sub: SubDecl, before: dict[str, Any], sizes: dict[str, in
         if isinstance(v, list | dict) and v is before[name] and len(v) != n:
             raise ShapeError(f"{what} grows {name} by {len(v) - n} per iteration: its length would be symbolic; "
                              "stack the layers' outputs with a typed sub instead")
+
+
+def _check_defined_before(sub: SubDecl, frame: Any, new: list[str]) -> None:
+    """A tensor first bound inside the loop and read after it needs at least one layer."""
+    ctx = current()
+    if not new or sub.count is None or ctx.facts.positive(sub.count):
+        return
+    instrs = list(dis.get_instructions(frame.f_code))
+    loop = next((i for i in instrs if i.offset == frame.f_lasti), None)
+    if loop is None or loop.opname != "FOR_ITER":
+        return
+    read = sorted({i.argval for i in instrs if i.offset >= loop.argval and i.opname.startswith("LOAD_")
+                   and i.argval in new})
+    if read:
+        count = format_poly(sub.count, ctx.order)
+        raise ShapeError(f"{', '.join(read)} is bound only inside the loop over {sub.name} and read after it, "
+                         f"but {sub.name} may have no layers ({count} may be 0): bind it before the loop",
+                         hint=f"{count} > 0")
 
 
 def _tensors_of(v: Any) -> list[SymTensor] | None:
