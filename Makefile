@@ -1,5 +1,6 @@
 # Two commands do all the set-up on a fresh machine:
-#   make run    installs into .venv (first time) and runs the main job: type-check and print every model
+#   make run    installs into .venv (first time) and runs the main job: type-check every model, one line each
+#               (checked, parameters, entries); `kestrel inspect --all` prints every architecture in full
 #   make test   installs into .venv (first time) and runs lint + the test suite
 PYTHON ?= python3
 VENV   := .venv
@@ -17,8 +18,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/kestrel check
-	$(BIN)/kestrel inspect --all
+	$(BIN)/kestrel inspect
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench

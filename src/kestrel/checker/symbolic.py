@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import KestrelError
 from ..shapes.facts import Facts
 from ..shapes.poly import AtomOrder, Poly, format_poly, ge_text
 from ..types.dtypes import DType, DTypeVar
@@ -23,7 +24,7 @@ from ..types.tensor import TensorType, Variadic
 from .graph import Graph
 
 
-class ShapeError(Exception):
+class ShapeError(KestrelError):
     """Raised by a shape rule; the checker adds the source location and the function."""
 
     def __init__(self, message: str, hint: str | None = None) -> None:

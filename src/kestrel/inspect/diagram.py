@@ -14,6 +14,7 @@ from pathlib import Path
 from ..blocks import Block
 from ..checker.check import check_program
 from ..checker.graph import Graph, Node
+from ..errors import KestrelError
 from ..types.tensor import TensorType
 from ..types.unify import Binding
 
@@ -34,7 +35,7 @@ class Diagram:
     groups: dict[str, str] = field(default_factory=dict)  # group id -> caption
 
 
-class DiagramError(ValueError):
+class DiagramError(KestrelError, ValueError):
     pass
 
 
@@ -203,7 +204,7 @@ def to_svg(d: Diagram) -> str:
 
 
 def write_diagram(d: Diagram, path: Path) -> None:
-    text = to_dot(d) if path.suffix == ".dot" else to_svg(d)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    """Write the diagram as SVG, or Graphviz DOT for a ``.dot`` path (atomically, parent folders created)."""
+    from ..runtime.output import write_text
+
+    write_text(path, to_dot(d) if path.suffix == ".dot" else to_svg(d))

@@ -16,9 +16,10 @@ from typing import Any
 import torch
 
 from ...blocks import Block
+from ...errors import KestrelError
 
 
-class CardError(ValueError):
+class CardError(KestrelError, ValueError):
     """A config or checkpoint that no card understands, or an unknown model name."""
 
 
