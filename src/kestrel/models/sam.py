@@ -94,6 +94,7 @@ class Deconv2x2(Block):
     Cin: Dim
     Cout: Dim
     T: Float
+    where = "Cin > 0, Cout > 0"
 
     weight: Param["Cin, Cout, 2, 2; T"]
     bias: Param["Cout; T"]
@@ -196,6 +197,7 @@ class VisionNeck(Block):
     D: Dim
     Hd: Dim
     T: Float
+    where = "D > 0, Hd > 0"
 
     conv1: Conv2d["D, Hd, 1, 1, 0, T"]
     ln1: LayerNormCHW["Hd, T"]
@@ -213,7 +215,7 @@ class VisionEncoder(Block):
     Inner: Dim
     Hd: Dim
     T: Float
-    where = "Heads > 0, D % Heads == 0"
+    where = "Heads > 0, D % Heads == 0, D > 0, Hd > 0"
 
     patch_embed: Conv2d["3, D, 16, 16, 0, T"]
     pos_embed: Param["1, 64, 64, D; T"]
@@ -342,7 +344,7 @@ class MaskDecoder(Block):
     Heads: Dim
     Inner: Dim
     T: Float
-    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0, Hd % 8 == 0"
+    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0, Hd % 8 == 0, Hd >= 8"
 
     iou_token: Param["1, Hd; T"]
     mask_tokens: Param["4, Hd; T"]
@@ -398,7 +400,7 @@ class Model(Block):
     MaskInner: Dim
     T: Float = f32
     where = ("VisionHeads > 0, D % VisionHeads == 0, MaskHeads > 0, Hd % MaskHeads == 0, "
-             "(Hd / 2) % MaskHeads == 0, Hd % 8 == 0, Hd % 2 == 0")
+             "(Hd / 2) % MaskHeads == 0, Hd % 8 == 0, Hd % 2 == 0, D > 0, Hd >= 8")
     imports = ("std.nn.conv", "std.nn.linear", "std.nn.norm")
 
     vision_encoder: VisionEncoder["D, VisionHeads, VisionInner, Hd, T"]
