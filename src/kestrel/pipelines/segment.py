@@ -55,11 +55,18 @@ class Segmenter(Protocol):
 
     name: str
     revision: str
+    processor: SamImageProcessor  # longest_edge, scale_coords, mask_prompt (SAM 2 shares the conventions)
 
     def encode(self, image: ImageSource) -> ImageEmbedding: ...
 
     def decode(self, embedding: ImageEmbedding, prompts: Sequence[Prompt], multimask: bool = False,
                mask_input: torch.Tensor | None = None) -> Decoded: ...
+
+    def decode_tensors(self, embedding: ImageEmbedding, points: torch.Tensor | None, labels: torch.Tensor | None,
+                       boxes: torch.Tensor | None, mask_input: torch.Tensor | None = None,
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every mask output ``[P, 1 + 3, h, w]`` and IoU ``[P, 1 + 3]`` (single first) for model-frame prompts."""
+        ...
 
     def postprocess(self, low_res: torch.Tensor, embedding: ImageEmbedding,
                     threshold: float | None = 0.0) -> torch.Tensor: ...
