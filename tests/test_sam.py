@@ -264,10 +264,18 @@ def test_entries_check_their_inputs(small):
         ours.encode_image(torch.randn(1, 3, 512, 512))
 
 
-@pytest.mark.parametrize("size, layers, globals_", [("large", 4, [1, 3]), ("huge", 5, [0, 4])])
-def test_other_layouts_match_reference(tmp_path, size, layers, globals_):
-    """ViT-L and ViT-H shaped configs (their own depth, heads and global layers; small widths)."""
-    config = {**SMALL, "vision_config": dict(SMALL["vision_config"], num_hidden_layers=layers, num_attention_heads=4,
+LAYOUTS = [
+    pytest.param(4, [1, 3], id="large-like"),  # every third-ish layer global, as ViT-L/H, at a test's depth
+    pytest.param(5, [0, 4], id="huge-like"),
+    pytest.param(24, [5, 11, 17, 23], id="vit-large", marks=pytest.mark.slow),
+    pytest.param(32, [7, 15, 23, 31], id="vit-huge", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("layers, globals_", LAYOUTS)
+def test_other_layouts_match_reference(tmp_path, layers, globals_):
+    """ViT-L and ViT-H shaped configs: their own depth, global layers and more heads, at small widths."""
+    config = {**SMALL, "vision_config": dict(SMALL["vision_config"], num_hidden_layers=layers, num_attention_heads=8,
                                               global_attn_indexes=globals_)}
     ref = _seeded_sam(config, seed=3)
     ref.save_pretrained(tmp_path)
