@@ -14,7 +14,7 @@ import sys
 from typing import NoReturn
 
 from ..errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, KestrelError
-from . import models, site, tasks
+from . import models, segment, site, tasks
 
 EPILOG = """examples:
   kestrel check                                  type-check every model, no weights needed
@@ -27,6 +27,7 @@ EPILOG = """examples:
   kestrel zero-shot cat.jpg --labels "a cat" "a dog"
   kestrel export vit-base-patch16-224 --target onnx --out out/
   kestrel site --serve                           the registry site at http://127.0.0.1:8000/
+  kestrel segment photo.jpg --point 500,375      SAM mask PNG + overlay (--everything: every object)
 
 exit status:
   0  success
@@ -61,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_parsers(sub)
     tasks.add_parsers(sub)
     site.add_parsers(sub)
+    segment.add_parser(sub)
     for p in {id(p): p for p in sub.choices.values()}.values():  # `kestrel CMD ... --debug` too
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
