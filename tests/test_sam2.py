@@ -323,3 +323,37 @@ def test_padded_tokens_decode_as_the_unpadded_prompt(encoded_512, name):
                 tokens[:, :, needed:] += 1e-3  # no longer not-a-point: no bias, and other values
                 moved = ours.decode_tokens(emb, pe, tokens, dense, hr0, hr1)
                 assert rel_diff(moved[0], want[0]) > TOL
+
+
+# ------------------------------------------------------------------------------------- segmentation
+
+
+@pytest.mark.parametrize("prompt", [dict(points=[(100.0, 50.0)], labels=[1]),
+                                    dict(points=[(210.0, 120.0)], labels=[1], box=(40.0, 30.0, 380.0, 260.0))])
+def test_segment_matches_reference_on_a_photo(encoded_512, prompt):
+    """The pipeline at 512 px (the seed's recipe) against Sam2Model on the same pixels and prompt,
+    with Sam2Processor's coordinate scaling and mask post-processing."""
+    import numpy as np
+    import torch.nn.functional as F
+    from PIL import Image
+
+    from kestrel.pipelines.sam2_segment import preprocess_for, segment
+
+    ref, ours, _, _ = encoded_512
+    rng = np.random.default_rng(0)
+    photo = Image.fromarray((rng.random((300, 400, 3)) * 255).astype("uint8"))
+    got = segment(ours, photo, multimask=True, **prompt)
+    sx, sy = 512 / 400, 512 / 300
+    kw = dict(input_points=torch.tensor([[[[x * sx, y * sy] for x, y in prompt["points"]]]]),
+              input_labels=torch.tensor([[prompt["labels"]]], dtype=torch.int32))
+    if "box" in prompt:
+        x1, y1, x2, y2 = prompt["box"]
+        kw["input_boxes"] = torch.tensor([[[x1 * sx, y1 * sy, x2 * sx, y2 * sy]]])
+    with torch.no_grad():
+        out = ref(pixel_values=preprocess_for(512)(photo), multimask_output=True, **kw)
+    order = torch.argsort(out.iou_scores[0, 0], descending=True)
+    assert rel_diff(got.iou, out.iou_scores[0, 0][order]) <= TOL
+    assert rel_diff(got.logits, out.pred_masks[0, 0][order]) <= TOL
+    want = F.interpolate(out.pred_masks[0], size=(300, 400), mode="bilinear", align_corners=False)[0][order] > 0
+    inter, union = (got.masks & want).sum(), (got.masks | want).sum()
+    assert got.masks.shape == (3, 300, 400) and float(inter) / max(float(union), 1.0) >= 0.99
