@@ -357,3 +357,27 @@ def test_segment_matches_reference_on_a_photo(encoded_512, prompt):
     want = F.interpolate(out.pred_masks[0], size=(300, 400), mode="bilinear", align_corners=False)[0][order] > 0
     inter, union = (got.masks & want).sum(), (got.masks | want).sum()
     assert got.masks.shape == (3, 300, 400) and float(inter) / max(float(union), 1.0) >= 0.99
+
+
+def test_cli_segment_at_512(small, tmp_path, capsys):
+    """``kestrel segment --model DIR --size 512``: a mask PNG at the photo's size, overlay, JSON; bad
+    sizes and mask prompts are refused by name."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    from kestrel.cli.main import main
+
+    _, path = small
+    photo = tmp_path / "photo.png"
+    Image.fromarray((np.random.default_rng(1).random((120, 160, 3)) * 255).astype("uint8")).save(photo)
+    out = tmp_path / "out"
+    assert main(["segment", str(photo), "--model", str(path), "--point", "60,40", "--size", "512",
+                 "--out", str(out)]) == 0
+    mask = np.array(Image.open(out / "mask_0.png"))
+    assert mask.shape == (120, 160) and set(np.unique(mask)) <= {0, 255}
+    info = json.loads((out / "segment.json").read_text())
+    assert info["size"] == [120, 160] and len(info["masks"]) == 1 and (out / "overlay.png").is_file()
+    assert main(["segment", str(photo), "--model", str(path), "--point", "60,40", "--size", "500"]) == 2
+    assert "--size 500" in capsys.readouterr().err
