@@ -400,3 +400,19 @@ def test_single_mask_choice_matches_upstream_on_both_branches(encoded_512):
         got = ours.select_single(masks, iou)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert torch.equal(got[0][0, 0, 0], masks[0, 0, 0]) and torch.equal(got[0][0, 1, 0], masks[0, 1, 2])
+
+
+def test_a_video_model_config_binds_the_image_path():
+    """The hub's SAM 2.1 checkpoints are Sam2VideoModel's (model_type sam2_video): same image path."""
+    from transformers import Sam2VideoConfig
+
+    from kestrel.models.cards import family_for_config
+    from kestrel.models.cards.sam2 import bindings
+
+    cfg = Sam2VideoConfig().to_dict()
+    family = family_for_config(cfg, "config.json")
+    assert family.name == "sam2"
+    assert family.generics(cfg) == {k: v for k, v in CARDS["sam2.1-hiera-tiny"].generics().items() if k != "T"}
+    rows = bindings(cfg)
+    assert rows("memory_attention.layers.0.self_attn.q_proj.weight") is None
+    assert rows("vision_encoder.backbone.blocks.11.attn.qkv.weight") == "backbone.stage_3.layers.0.attn.qkv.weight"

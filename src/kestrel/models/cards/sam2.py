@@ -207,7 +207,7 @@ PREPROCESS = {
 
 FAMILY = Family(
     name="sam2",
-    model_types=("sam2",),
+    model_types=("sam2", "sam2_video"),  # the hub checkpoints are the video model's; the image path is the same
     root=lambda cfg: sam2.Model,
     generics=generics,
     bindings=bindings,
