@@ -20,11 +20,13 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import KestrelError
+
 Point = tuple[float, float]
 Box = tuple[float, float, float, float]
 
 
-class PromptError(ValueError):
+class PromptError(KestrelError, ValueError):
     """A prompt that cannot be composed: bad labels, nothing given, or more tokens than the count."""
 
 

@@ -216,6 +216,7 @@ FAMILY = Family(
     rebind=lambda cfg, given: generics(cfg, **given),
     preprocess=PREPROCESS,
     description="SAM 2.1 image path: Hiera encoder with FPN neck, point and box prompts, mask decoder",
+    license="Apache-2.0",
 )
 
 _TINY = {
