@@ -166,7 +166,13 @@ def _select(masks: torch.Tensor, iou: torch.Tensor, multimask: bool) -> Decoded:
     return Decoded(masks[:, sl], iou[:, sl])
 
 
-SEGMENTERS: dict[str, Callable[[torch.nn.Module], Segmenter]] = {"sam": SamSegmenter}
+def _sam2_segmenter(model: torch.nn.Module) -> Segmenter:
+    from .sam2_segment import Sam2Segmenter
+
+    return Sam2Segmenter(model)
+
+
+SEGMENTERS: dict[str, Callable[[torch.nn.Module], Segmenter]] = {"sam": SamSegmenter, "sam2": _sam2_segmenter}
 
 
 def segmenter_for(model: torch.nn.Module) -> Segmenter:
