@@ -390,7 +390,7 @@ class FpnNeck(Block):
     Hd: Dim
     E: Dim
     T: Float
-    where = "E % 2 == 0, E >= 2, Hd > 0"
+    where = "E % 2 == 0, E >= 2, Hd > 0, D0 > 0, D1 > 0, D2 > 0, D3 > 0"
 
     lateral_3: Conv2d["D3, Hd, 1, 1, 0, T"]
     lateral_2: Conv2d["D2, Hd, 1, 1, 0, T"]
