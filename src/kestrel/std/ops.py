@@ -1010,6 +1010,7 @@ def argmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 def _(x: SymTensor, dim: int = -1) -> SymTensor:
     d = x.fixed_dims("argmax")
     a = axis(x, dim)
+    positive(d[a], "argmax: the reduced axis", x)  # torch refuses an empty one
     return _t(x, [s for i, s in enumerate(d) if i != a], i64)
 
 
