@@ -90,7 +90,8 @@ def lower(module: nn.Module, inputs: Sequence[torch.Tensor], backend: str, name:
     module = module.eval()
     with torch.no_grad(), _quiet():
         try:
-            ep = torch.export.export(module, tuple(inputs), strict=False)
+            # contiguous examples: the program's inputs keep the examples' dim order
+            ep = torch.export.export(module, tuple(t.contiguous() for t in inputs), strict=False)
         except Exception as e:
             raise ExecuTorchError(f"{name}: torch.export failed: {type(e).__name__}: {_first_line(e)}") from e
         rewrites: dict[str, int] = {}
