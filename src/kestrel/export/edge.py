@@ -236,7 +236,7 @@ def _export(recipe: Recipe, tmp: Path, target: str, say: Callable[[str], None], 
                         rewrites[r] = rewrites.get(r, 0) + n
                     if lowered.rewritten_outputs is not None and lowered.module_outputs is not None:
                         rewrite_cases.append(val.case(
-                            name, "torch eager of the rewritten graph (et_vk.sdpa reference kernel)",
+                            name, "torch eager: the WebGPU graph after its rewrites (et_vk.sdpa reference kernel)",
                             "the program's example inputs", "kestrel eager", [o.name for o in p.outputs],
                             lowered.rewritten_outputs, lowered.module_outputs))
                 summary["io_contract"] = mf.io_contract(p, summary["io"])

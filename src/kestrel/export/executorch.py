@@ -24,6 +24,7 @@ import contextlib
 import io
 import json
 import logging
+import operator
 import re
 import tempfile
 import warnings
@@ -47,6 +48,8 @@ PARTITIONERS = {
 API = ("torch.export.export(strict=False) -> to_edge_transform_and_lower(partitioner=[{p}]) -> to_executorch(), "
        "one program per module")
 SDPA_REWRITE = "attention via torch.ops.et_vk.sdpa (same math as torch SDPA; checked in validation.json)"
+POOL_REWRITE = ("q-pooling of windowed tensors [nW,C,h,w] done as one batch-1 max_pool2d over the windows stacked "
+                "along H (exact: h is a multiple of the stride); keeps all pools in the delegate")
 
 
 class ExecuTorchError(RuntimeError):
@@ -101,9 +104,11 @@ def lower(module: nn.Module, inputs: Sequence[torch.Tensor], backend: str, name:
         rewrites: dict[str, int] = {}
         checked: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         if backend == "webgpu":
-            n = rewrite_sdpa(ep)
-            if n:
-                rewrites[SDPA_REWRITE] = n
+            for text, rewrite in ((POOL_REWRITE, rewrite_window_pools), (SDPA_REWRITE, rewrite_sdpa)):
+                n = rewrite(ep)
+                if n:
+                    rewrites[text] = n
+            if rewrites:
                 examples = [t.contiguous() for t in inputs]
                 checked = (_as_list(ep.module()(*examples)), _as_list(module(*examples)))
         try:
@@ -170,6 +175,76 @@ def rewrite_sdpa(ep: torch.export.ExportedProgram) -> int:
         graph.lint()
         ep.graph_module.recompile()
     return count
+
+
+def rewrite_window_pools(ep: torch.export.ExportedProgram) -> int:
+    """Replace batched ``max_pool2d`` (kernel = stride, no padding) over ``[N, C, h, w]`` windows by
+    one batch-1 pool over the windows stacked along H; return how many.
+
+    The Vulkan delegate keeps a batch-N tensor as N * C/4 texture layers, which for Hiera's windows
+    (hundreds of them) passes the texture limit; ``[1, C, N * h, w]`` does not. Exact when ``h`` is a
+    multiple of the stride (no pooling window straddles two windows).
+    """
+    from torch._guards import detect_fake_mode
+
+    aten = torch.ops.aten
+    graph = ep.graph_module.graph
+    count = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in (aten.max_pool2d.default,
+                                                             aten.max_pool2d_with_indices.default):
+            continue
+        x = node.args[0]
+        names = ["input", "kernel_size", "stride", "padding", "dilation", "ceil_mode"]
+        args = {"stride": [], "padding": 0, "dilation": 1, "ceil_mode": False,
+                **dict(zip(names, node.args)), **node.kwargs}
+        k = _pair(args["kernel_size"])
+        st = _pair(args["stride"]) if args["stride"] else k
+        val = x.meta.get("val") if hasattr(x, "meta") else None
+        if (val is None or val.dim() != 4 or val.shape[0] == 1 or k != st or _pair(args["padding"]) != (0, 0)
+                or _pair(args["dilation"]) != (1, 1) or args["ceil_mode"] or val.shape[2] % st[0]
+                or val.shape[3] % st[1]):
+            continue
+        n, c, h, w = (int(d) for d in val.shape)
+        mode = detect_fake_mode([val])
+        ctx = mode if mode is not None else contextlib.nullcontext()
+
+        def add(target: Any, *a: Any, _node: Any = node, _ctx: Any = ctx) -> Any:
+            new = graph.call_function(target, a)
+            new.meta = {k_: v for k_, v in _node.meta.items() if k_ != "val"}
+            with _ctx:
+                new.meta["val"] = target(*[getattr(t, "meta", {}).get("val", t) for t in a])
+            return new
+
+        with graph.inserting_before(node):
+            stacked = add(aten.reshape.default, add(aten.permute.default, x, [1, 0, 2, 3]), [1, c, n * h, w])
+            pooled = add(aten.max_pool2d.default, stacked, list(k), list(st))
+            back = add(aten.permute.default, add(aten.reshape.default, pooled, [c, n, h // st[0], w // st[1]]),
+                       [1, 0, 2, 3])
+        if node.target is aten.max_pool2d.default:
+            node.replace_all_uses_with(back)
+        else:  # (values, indices): only the values may be used
+            users = list(node.users)
+            if any(u.target is not operator.getitem or u.args[1] != 0 for u in users):
+                graph.erase_node(back)
+                continue
+            for u in users:
+                u.replace_all_uses_with(back)
+                graph.erase_node(u)
+        graph.erase_node(node)
+        count += 1
+    if count:
+        graph.eliminate_dead_code()
+        graph.lint()
+        ep.graph_module.recompile()
+    return count
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    if isinstance(v, int):
+        return (v, v)
+    v = list(v)
+    return (int(v[0]), int(v[-1])) if v else (0, 0)
 
 
 # ------------------------------------------------------------------------------- graph summary
