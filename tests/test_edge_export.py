@@ -224,3 +224,40 @@ def test_compose_rejects_a_prompt_that_does_not_fit():
     prompt = edge_sam2.Prompt("three points", ((1.0, 2.0),) * 3, (1, 1, 0))
     with pytest.raises(ValueError, match="needs 4 tokens; the decoder program takes 3"):
         edge_sam2.compose_tokens(tables, prompt, 64)
+
+
+# ----------------------------------------------------------------------------------- ONNX, real size
+
+
+@pytest.mark.slow
+def test_onnx_split_validates_with_onnxruntime(tmp_path):
+    pytest.importorskip("onnxruntime")
+    ckpt = small_checkpoint(tmp_path / "ckpt")
+    out = tmp_path / "onnx"
+    assert main(["export", str(ckpt), "--target", "onnx", "--size", str(SIZE), "--out", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert set(manifest["export"]["programs"]) == {"sam2_encoder.onnx", "sam2_decoder.onnx"}
+    report = json.loads((out / "validation.json").read_text())
+    assert report["summary"]["passed"] and report["summary"]["lowest_mask_iou"] >= 0.99
+    assert {c["runtime"] for c in report["cases"]} == {"onnxruntime (CPUExecutionProvider)"}
+    seed = seed_manifest()
+    if seed is not None:
+        assert structure_mismatches(seed["export"], manifest["export"]) == []
+
+
+@pytest.mark.slow
+def test_real_tiny_config_fully_delegated(tmp_path):
+    """Hiera-tiny's real widths (Sam2Config defaults) at 512: the seed's claim that the encoder has
+    no non-delegated kernel, and the validation bounds."""
+    torch.manual_seed(0)
+    ckpt = tmp_path / "tiny"
+    transformers.Sam2Model(transformers.Sam2Config()).eval().save_pretrained(ckpt)
+    out = tmp_path / "edge"
+    assert main(["export", str(ckpt), "--target", "executorch-webgpu", "--size", "512", "--out", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    seed = seed_manifest()
+    if seed is not None:
+        assert structure_mismatches(seed, manifest) == []
+    assert manifest["graph"]["sam2_encoder"]["non_delegated_kernels"] == {}
+    assert manifest["export"]["programs"]["sam2_decoder.pte"]["inputs"][2]["shape"] == [1, 1, 3, 256]
+    assert json.loads((out / "validation.json").read_text())["summary"]["passed"]
