@@ -12,7 +12,8 @@
 The page composes the sparse tokens from the prompt tables (``prompt_*.bin``, little-endian f32):
 the Gaussian Fourier table, the point/box-corner embeddings and the not-a-point embedding; the image
 positional embedding and the dense (no-mask) embedding are tables too. :func:`compose_tokens` is that
-composition, and validation composes from the written ``.bin`` files, as a page would.
+composition (``kestrel.pipelines.sam2_prompts``), and validation composes from the written ``.bin``
+files, as a page would.
 
 Validation (``validation.json``) runs the CPU programs end to end on a photo-like image and several
 prompts and compares them with Kestrel eager and with transformers ``Sam2Model`` at the same size
@@ -22,8 +23,7 @@ prompts and compares them with Kestrel eager and with transformers ``Sam2Model``
 from __future__ import annotations
 
 import contextlib
-import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -172,36 +172,15 @@ def load_tables(directory: Path, hd: int, e: int) -> dict[str, torch.Tensor]:
 
 
 def compose_tokens(tables: dict[str, torch.Tensor], prompt: Prompt, size: int, tokens: int = TOKENS) -> torch.Tensor:
-    """The sparse tokens ``[1, 1, tokens, Hd]`` of one prompt, from the tables, as upstream's prompt
-    encoder embeds it, padded with not-a-point tokens (which ``decode_tokens`` masks out).
+    """The sparse tokens ``[1, 1, tokens, Hd]`` of one prompt composed from the tables by file name
+    (as a page reads them), with :func:`kestrel.pipelines.sam2_prompts.compose`."""
+    from ..pipelines.sam2_prompts import PromptTables, compose
 
-    Points: shifted to pixel centres, normalised by ``size``, Fourier features ``[sin, cos](2 pi
-    (2c - 1) G)``, plus the label's embedding; upstream then appends one not-a-point token. A box:
-    its two corners with the corner embeddings, then one not-a-point token.
-    """
-    gauss, nap = tables["prompt_gaussian.bin"], tables["prompt_not_a_point.bin"]
-
-    def fourier(xy: Sequence[float]) -> torch.Tensor:
-        c = (torch.tensor(xy, dtype=torch.float32) + 0.5) / size
-        f = ((c * 2 - 1) @ gauss) * (2 * math.pi)
-        return torch.cat([torch.sin(f), torch.cos(f)])
-
-    rows: list[torch.Tensor] = []
-    if prompt.box is not None:
-        x1, y1, x2, y2 = prompt.box
-        rows += [fourier((x1, y1)) + tables["prompt_box_tl.bin"], fourier((x2, y2)) + tables["prompt_box_br.bin"]]
-    else:
-        emb = {0: tables["prompt_point_embed_bg.bin"], 1: tables["prompt_point_embed_fg.bin"]}
-        for xy, label in zip(prompt.points, prompt.labels):
-            if label not in emb:
-                raise ValueError(f"prompt {prompt.name!r}: label {label} is not 0 (background) or 1 (foreground)")
-            rows.append(fourier(xy) + emb[label])
-    rows.append(nap)  # upstream's own not-a-point token
-    if len(rows) > tokens:
-        raise ValueError(f"prompt {prompt.name!r} needs {len(rows)} tokens; the decoder program takes {tokens} "
-                         f"(compose larger prompts as several decodes)")
-    rows += [nap] * (tokens - len(rows))
-    return torch.stack(rows).reshape(1, 1, tokens, -1)
+    pt = PromptTables(gaussian=tables["prompt_gaussian.bin"], point_embed_bg=tables["prompt_point_embed_bg.bin"],
+                      point_embed_fg=tables["prompt_point_embed_fg.bin"], box_tl=tables["prompt_box_tl.bin"],
+                      box_br=tables["prompt_box_br.bin"], not_a_point=tables["prompt_not_a_point.bin"],
+                      image_size=size)
+    return compose(pt, prompt.points, prompt.labels, prompt.box, count=tokens)
 
 
 # -------------------------------------------------------------------------------------- recipe

@@ -113,6 +113,7 @@ class Deconv2x2(Block):
     Cin: Dim
     Cout: Dim
     T: Float
+    where = "Cin > 0, Cout > 0"
 
     weight: Param["Cin, Cout, 2, 2; T"]
     bias: Param["Cout; T"]
@@ -164,7 +165,7 @@ class PoolAttention(Block):
     Heads: Dim
     Q: Dim
     T: Float
-    where = "Heads > 0, Dout % Heads == 0, Q > 0"
+    where = "Heads > 0, Dout > 0, Dout % Heads == 0, Q > 0"
 
     qkv: Linear["Din, 3 * Dout, T"]
     proj: Linear["Dout, Dout, T"]
@@ -191,7 +192,7 @@ class HieraLayer(Block):
     Side: Dim
     Pad: Dim
     T: Float
-    where = "Heads > 0, D % Heads == 0, Win > 0, (Side + Pad) % Win == 0"
+    where = "Heads > 0, D % Heads == 0, Win > 0, (Side + Pad) % Win == 0, Side + Pad >= Win"
 
     layer_norm1: LayerNorm["D, T"]
     attn: WindowAttention["D, Heads, T"]
@@ -221,7 +222,7 @@ class HieraPoolLayer(Block):
     Side: Dim
     Pad: Dim
     T: Float
-    where = "Heads > 0, Dout % Heads == 0, Q > 0, (Side + Pad) % Q == 0"
+    where = "Heads > 0, Dout > 0, Dout % Heads == 0, Q > 0, (Side + Pad) % Q == 0, Side > 0, Side + Pad >= Q"
 
     layer_norm1: LayerNorm["Din, T"]
     attn: PoolAttention["Din, Dout, Heads, Q, T"]
@@ -253,7 +254,8 @@ class PooledStage(Block):
     QPad: Dim
     Depth: Dim
     T: Float
-    where = "Heads > 0, Dout % Heads == 0, Win > 0, Q > 0, (Side + Pad) % Win == 0, (Side + QPad) % Q == 0"
+    where = ("Heads > 0, Dout > 0, Dout % Heads == 0, Win > 0, Q > 0, Side > 0, (Side + Pad) % Win == 0, "
+             "(Side + QPad) % Q == 0, Side + Pad >= Win, Side + QPad >= Q")
 
     pool: HieraPoolLayer["Din, Dout, Heads, Q, Side, QPad, T"]
     layers: Array[HieraLayer["Dout, Heads, Win, Side, Pad, T"], "Depth"]
@@ -282,8 +284,8 @@ class GlobalStage(Block):
     R2: Dim
     R3: Dim
     T: Float
-    where = ("Heads > 0, Dout % Heads == 0, Win > 0, Q > 0, Side > 0, (Side + Pad) % Win == 0, "
-             "(Side + QPad) % Q == 0")
+    where = ("Heads > 0, Dout > 0, Dout % Heads == 0, Win > 0, Q > 0, Side > 0, (Side + Pad) % Win == 0, "
+             "(Side + QPad) % Q == 0, Side + Pad >= Win, Side + QPad >= Q")
 
     pool: HieraPoolLayer["Din, Dout, Heads, Q, Side, QPad, T"]
     run_0: Array[HieraLayer["Dout, Heads, Win, Side, Pad, T"], "R0"]
@@ -344,7 +346,10 @@ class Hiera(Block):
              "Win0 % 2 == 0, Win1 % 2 == 0, Win2 % 2 == 0, Pad0 % 2 == 0, Pad1 % 2 == 0, Pad2 % 2 == 0, "
              "(4 * E) % Win0 == 0, (4 * E + Pad0) % Win0 == 0, (2 * E + Pad1) % Win1 == 0, "
              "(E + Pad2) % Win2 == 0, (E / 2 + Pad3) % Win3 == 0, (2 * E + Pad0 / 2) % (Win0 / 2) == 0, "
-             "(E + Pad1 / 2) % (Win1 / 2) == 0, (E / 2 + Pad2 / 2) % (Win2 / 2) == 0")
+             "(E + Pad1 / 2) % (Win1 / 2) == 0, (E / 2 + Pad2 / 2) % (Win2 / 2) == 0, "
+             "E >= 2, D0 > 0, D1 > 0, D2 > 0, D3 > 0, 4 * E + Pad0 >= Win0, 2 * E + Pad1 >= Win1, "
+             "E + Pad2 >= Win2, E / 2 + Pad3 >= Win3, 2 * E + Pad0 / 2 >= Win0 / 2, E + Pad1 / 2 >= Win1 / 2, "
+             "E / 2 + Pad2 / 2 >= Win2 / 2")
 
     patch_embed: Conv2d["3, D0, 7, 4, 3, T"]
     pos_embed: Param["1, D0, Bg, Bg; T"]
@@ -385,7 +390,7 @@ class FpnNeck(Block):
     Hd: Dim
     E: Dim
     T: Float
-    where = "E % 2 == 0"
+    where = "E % 2 == 0, E >= 2, Hd > 0"
 
     lateral_3: Conv2d["D3, Hd, 1, 1, 0, T"]
     lateral_2: Conv2d["D2, Hd, 1, 1, 0, T"]
@@ -521,7 +526,7 @@ class MaskDecoder(Block):
     Inner: Dim
     E: Dim
     T: Float
-    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0, Hd % 8 == 0"
+    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0, Hd % 8 == 0, Hd >= 8, E > 0"
     stability_delta: float = 0.05
     stability_thresh: float = 0.98
 
@@ -635,7 +640,10 @@ class Model(Block):
              "(4 * E) % Win0 == 0, (4 * E + Pad0) % Win0 == 0, (2 * E + Pad1) % Win1 == 0, "
              "(E + Pad2) % Win2 == 0, (E / 2 + Pad3) % Win3 == 0, (2 * E + Pad0 / 2) % (Win0 / 2) == 0, "
              "(E + Pad1 / 2) % (Win1 / 2) == 0, (E / 2 + Pad2 / 2) % (Win2 / 2) == 0, "
-             "MaskHeads > 0, Hd % MaskHeads == 0, (Hd / 2) % MaskHeads == 0, Hd % 8 == 0, Hd % 2 == 0")
+             "E >= 2, D0 > 0, D1 > 0, D2 > 0, D3 > 0, 4 * E + Pad0 >= Win0, 2 * E + Pad1 >= Win1, "
+             "E + Pad2 >= Win2, E / 2 + Pad3 >= Win3, 2 * E + Pad0 / 2 >= Win0 / 2, E + Pad1 / 2 >= Win1 / 2, "
+             "E / 2 + Pad2 / 2 >= Win2 / 2, "
+             "MaskHeads > 0, Hd % MaskHeads == 0, (Hd / 2) % MaskHeads == 0, Hd % 8 == 0, Hd % 2 == 0, Hd >= 8")
     imports = ("std.nn.conv", "std.nn.linear")
 
     backbone: Hiera["E, Bg, D0, D1, D2, D3, Heads0, Heads1, Heads2, Heads3, Win0, Win1, Win2, Win3, "
@@ -721,10 +729,22 @@ class Model(Block):
         xy = ops.stack([g.unsqueeze(0).expand(e, e), g.unsqueeze(1).expand(e, e)], dim=-1)
         return self._fourier(xy, self.positional_embedding).permute(2, 0, 1).unsqueeze(0)
 
+    def dense_prompt(self) -> "Tensor[1, Hd, E, E; T]":
+        """The dense prompt without a mask prompt: ``no_mask_embed`` at every cell (``decode_tokens``' ``dense``)."""
+        return self.no_mask_embed.reshape(1, self.Hd, 1, 1).expand(1, self.Hd, self.E, self.E)
+
+    def decode_sparse(
+        self, image_embeddings: "Tensor[B, Hd, E, E; T]", hr0: "Tensor[B, Hd, 4 * E, 4 * E; T]",
+        hr1: "Tensor[B, Hd, 2 * E, 2 * E; T]", sparse: "Tensor[B, Pts, N, Hd; T]",
+    ) -> "(Tensor[B, Pts, 4, 4 * E, 4 * E; T], Tensor[B, Pts, 4; T], Tensor[B, Pts, 1; T])":
+        """All four masks, IoU predictions and object-score logits for unpadded sparse prompt tokens
+        (as upstream's prompt encoder gives them; ``sam2_prompts.compose`` with no spare count)."""
+        return self._decode(image_embeddings, hr0, hr1, sparse)
+
     def _decode(self, image_embeddings, hr0, hr1, sparse):
         B, Pts, N, hd = sparse.shape
         e = self.E
-        dense = self.no_mask_embed.reshape(1, hd, 1, 1).expand(B, hd, e, e)
+        dense = self.dense_prompt().expand(B, hd, e, e)
         image_pe = self.image_positions().expand(B, hd, e, e)
         n = 2 + MASK_TOKENS + N
         bias = (ops.arange_like(sparse, n) * 0.0).reshape(1, 1, 1, 1, n).expand(B, Pts, 1, 1, n)  # no padding

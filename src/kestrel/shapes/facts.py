@@ -91,6 +91,8 @@ class Facts:
 
     def nonneg(self, p: Poly) -> bool:
         p = self.simplify(p)
+        if any(f.kind == "ge" and self.simplify(f.lhs - f.rhs) == p for f in self.facts):
+            return True  # a relational fact states it (``H + P >= K``)
         lows = self._lower_bounds()
         shift = {name: Poly.sym(name) + low for name, low in lows.items() if low != 0}
         p = substitute(p, shift)  # X >= c: write X as c + X' with X' >= 0
