@@ -261,3 +261,25 @@ def test_real_tiny_config_fully_delegated(tmp_path):
     assert manifest["graph"]["sam2_encoder"]["non_delegated_kernels"] == {}
     assert manifest["export"]["programs"]["sam2_decoder.pte"]["inputs"][2]["shape"] == [1, 1, 3, 256]
     assert json.loads((out / "validation.json").read_text())["summary"]["passed"]
+
+
+def test_unknown_target_is_a_clear_error(tmp_path, capsys):
+    assert main(["export", str(tmp_path), "--target", "executorch-metal", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown export target 'executorch-metal'" in err and "executorch-webgpu" in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_any_model_one_program_per_entry(tmp_path):
+    """The generic recipe: a small ViT, every entry as a portable and an XNNPACK program."""
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                    image_size=32, patch_size=8, num_labels=5)
+    transformers.ViTForImageClassification(config).eval().save_pretrained(tmp_path / "vit")
+    for target, suffix in (("executorch-portable", "_portable.pte"), ("executorch-xnnpack", "_xnnpack.pte")):
+        out = tmp_path / target
+        assert main(["export", str(tmp_path / "vit"), "--target", target, "--out", str(out)]) == 0
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert set(manifest["files"]) == {f"forward{suffix}", f"features{suffix}"}
+        assert json.loads((out / "validation.json").read_text())["summary"]["passed"]

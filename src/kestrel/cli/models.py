@@ -106,8 +106,11 @@ def cmd_diagram(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from ..export.edge import TARGETS, export_edge
     from ..runtime.load import load
 
+    if args.target not in TARGETS:
+        raise CardError(f"unknown export target {args.target!r}; expected one of {', '.join(TARGETS)}")
     model = load(args.model, weights=args.weights, **_size_generics(args))
     if args.target == "onnx" and not _is_edge_split(model):
         from ..export.onnx import export_onnx
@@ -115,10 +118,6 @@ def cmd_export(args: argparse.Namespace) -> int:
         for path in export_onnx(model, Path(args.out), batch=args.batch):
             print(path)
         return 0
-    from ..export.edge import TARGETS, export_edge
-
-    if args.target not in TARGETS:
-        raise CardError(f"unknown export target {args.target!r}; expected one of {', '.join(TARGETS)}")
     manifest = export_edge(model, Path(args.out), args.target, validate=not args.no_validate,
                            progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     for name, row in manifest["files"].items():
