@@ -24,6 +24,7 @@ import contextlib
 import io
 import json
 import logging
+import math
 import operator
 import re
 import tempfile
@@ -164,10 +165,29 @@ def rewrite_sdpa(ep: torch.export.ExportedProgram) -> int:
             continue
         if mask is not None and not (hasattr(mask, "meta") and mask.meta["val"].dtype.is_floating_point):
             continue
+        q, k, v = (args[n].meta.get("val") for n in ("query", "key", "value"))
+        if q is None or k is None or v is None or not (q.dim() == k.dim() == v.dim() >= 3):
+            continue
+        lead = tuple(int(d) for d in q.shape[:-3])
+        if len(lead) > 1 and (tuple(k.shape[:-3]) != lead or tuple(v.shape[:-3]) != lead):
+            continue  # broadcast batch axes: left as they are
+        tail = [int(d) for d in mask.meta["val"].shape[-3:]] if mask is not None else []
+        if len(lead) > 1 and mask is not None and len(tail) < 3:
+            continue
+        add = _adder(graph, node)
         with graph.inserting_before(node):
-            new = graph.call_function(torch.ops.et_vk.sdpa.default,
-                                      (args["query"], args["key"], args["value"], mask, args["scale"]))
-        new.meta = dict(node.meta)
+            if len(lead) <= 1:
+                new = add(torch.ops.et_vk.sdpa.default, args["query"], args["key"], args["value"], mask,
+                          args["scale"])
+            else:  # the delegate's sdpa is 4-D: fold the leading batch axes into one
+                nb = math.prod(lead)
+                folded = [add(torch.ops.aten.reshape.default, args[a], [nb, *(int(d) for d in t.shape[-3:])])
+                          for a, t in (("query", q), ("key", k), ("value", v))]
+                if mask is not None:
+                    mask = add(torch.ops.aten.reshape.default,
+                               add(torch.ops.aten.expand.default, mask, [*lead, *tail]), [nb, *tail])
+                out = add(torch.ops.et_vk.sdpa.default, *folded, mask, args["scale"])
+                new = add(torch.ops.aten.reshape.default, out, [*lead, *(int(d) for d in node.meta["val"].shape[-3:])])
         node.replace_all_uses_with(new)
         graph.erase_node(node)
         count += 1
@@ -175,6 +195,24 @@ def rewrite_sdpa(ep: torch.export.ExportedProgram) -> int:
         graph.lint()
         ep.graph_module.recompile()
     return count
+
+
+def _adder(graph: Any, like: Any) -> Any:
+    """``add(target, *args)``: a new node before the insertion point, ``like``'s meta, its own value
+    computed on the fake tensors of its arguments (what the lowering passes read)."""
+    from torch._guards import detect_fake_mode
+
+    vals = [a.meta["val"] for a in like.all_input_nodes if "val" in a.meta]
+    mode = detect_fake_mode(vals)
+
+    def add(target: Any, *args: Any) -> Any:
+        node = graph.call_function(target, args)
+        node.meta = {k: v for k, v in like.meta.items() if k != "val"}
+        with mode if mode is not None else contextlib.nullcontext():
+            node.meta["val"] = target(*[a.meta["val"] if hasattr(a, "meta") else a for a in args])
+        return node
+
+    return add
 
 
 def rewrite_window_pools(ep: torch.export.ExportedProgram) -> int:
@@ -185,8 +223,6 @@ def rewrite_window_pools(ep: torch.export.ExportedProgram) -> int:
     (hundreds of them) passes the texture limit; ``[1, C, N * h, w]`` does not. Exact when ``h`` is a
     multiple of the stride (no pooling window straddles two windows).
     """
-    from torch._guards import detect_fake_mode
-
     aten = torch.ops.aten
     graph = ep.graph_module.graph
     count = 0
@@ -206,15 +242,7 @@ def rewrite_window_pools(ep: torch.export.ExportedProgram) -> int:
                 or val.shape[3] % st[1]):
             continue
         n, c, h, w = (int(d) for d in val.shape)
-        mode = detect_fake_mode([val])
-        ctx = mode if mode is not None else contextlib.nullcontext()
-
-        def add(target: Any, *a: Any, _node: Any = node, _ctx: Any = ctx) -> Any:
-            new = graph.call_function(target, a)
-            new.meta = {k_: v for k_, v in _node.meta.items() if k_ != "val"}
-            with _ctx:
-                new.meta["val"] = target(*[getattr(t, "meta", {}).get("val", t) for t in a])
-            return new
+        add = _adder(graph, node)
 
         with graph.inserting_before(node):
             stacked = add(aten.reshape.default, add(aten.permute.default, x, [1, 0, 2, 3]), [1, c, n * h, w])
