@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import models, tasks
+from . import doctor, models, tasks
 
 EPILOG = """examples:
   kestrel check                                  type-check every model, no weights needed
@@ -15,6 +15,8 @@ EPILOG = """examples:
   kestrel classify cat.jpg --weights DIR         ViT-B/16 top-5 labels
   kestrel embed photos/ --model dinov2-base --out feats.safetensors
   kestrel export vit-base-patch16-224 --target onnx --out out/
+  kestrel doctor                                 GEMM rates here and the kernel chosen per shape
+  kestrel bench DIR --batch 1,8                  time a model on this machine
 """
 
 
@@ -26,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     models.add_parsers(sub)
     tasks.add_parsers(sub)
+    doctor.add_parsers(sub)
     return parser
 
 
