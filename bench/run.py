@@ -739,6 +739,37 @@ def rel_diff(a: torch.Tensor, ref: torch.Tensor) -> float:
     return (a.float() - ref.float()).abs().max().item() / scale
 
 
+def print_case(case: Case, args: argparse.Namespace, peak: float, hw_peak: float) -> None:
+    """One case's table, targets and kernel choices."""
+    spec = REGISTRY[case.model]
+    title = spec.title if args.size == "full" else f"{spec.title.split(' (')[0]}, small test config"
+    print(f"\n== {case.name}: {title}; {case.flops / 1e9:.1f} GFLOP per image "
+          f"(matmuls counted from the config) ==")
+    print(HEADER)
+    for b in sorted({r["batch"] for r in case.rows}):
+        rows = [r for r in case.rows if r["batch"] == b]
+        hf = next((r for r in rows if r["variant"] == "hf" and "error" not in r), None)
+        for r in rows:
+            print(fmt_row(r["variant"], b, r, hf["median"] if hf else None, case.flops, peak, hw_peak))
+    for b in sorted({r["batch"] for r in case.rows}):
+        k = next((r for r in case.rows if r["batch"] == b and r["variant"] == "kestrel"), None)
+        if k and k.get("rel_diff") is not None:
+            print(f"Kestrel vs transformers (eager, batch {b}): max |diff| / max |ref| = {k['rel_diff']:.2e}")
+    if case.export_s is not None:
+        print(f"ONNX export (dynamic batch): {case.export_s:.1f} s")
+    for line in targets(case, hw_peak):
+        print(line)
+    for r in case.rows:
+        if r["variant"] == "kestrel" and r.get("calibration"):
+            print(f"kernels chosen for Kestrel eager, batch {r['batch']} ({r.get('calibrate_s', 0):.1f} s to "
+                  f"calibrate or read {r.get('calibration_file')}):")
+            print("\n".join(format_choices(r["calibration"])))
+    if args.profile:
+        for r in case.rows:
+            if r.get("profile"):
+                print(f"\n-- profile: {case.name} {LABELS[r['variant']]} batch {r['batch']} --\n{r['profile']}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=DEFAULT_MODELS, help=f"comma list from {', '.join(REGISTRY)}")
@@ -846,6 +877,9 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  {case.name} {v:<16} batch {b}: {status}", flush=True)
                 _compare(case, tmpdir)
                 cases.append(case)
+                print("\n(interim, % against the GEMM peaks measured at the start)", flush=True)
+                print_case(case, args, peak_start, max(peaks.values()))
+                sys.stdout.flush()
     peak_end = matmul_peak()
     peak = max(peak_start, peak_end)
     hw_peak = max([peak, *peaks.values()])
@@ -853,33 +887,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(whole run {time.perf_counter() - started:.0f} s)")
 
     for case in cases:
-        spec = REGISTRY[case.model]
-        title = spec.title if args.size == "full" else f"{spec.title.split(' (')[0]}, small test config"
-        print(f"\n== {case.name}: {title}; {case.flops / 1e9:.1f} GFLOP per image "
-              f"(matmuls counted from the config) ==")
-        print(HEADER)
-        for b in sorted({r["batch"] for r in case.rows}):
-            rows = [r for r in case.rows if r["batch"] == b]
-            hf = next((r for r in rows if r["variant"] == "hf" and "error" not in r), None)
-            for r in rows:
-                print(fmt_row(r["variant"], b, r, hf["median"] if hf else None, case.flops, peak, hw_peak))
-        for b in sorted({r["batch"] for r in case.rows}):
-            k = next((r for r in case.rows if r["batch"] == b and r["variant"] == "kestrel"), None)
-            if k and k.get("rel_diff") is not None:
-                print(f"Kestrel vs transformers (eager, batch {b}): max |diff| / max |ref| = {k['rel_diff']:.2e}")
-        if case.export_s is not None:
-            print(f"ONNX export (dynamic batch): {case.export_s:.1f} s")
-        for line in targets(case, hw_peak):
-            print(line)
-        for r in case.rows:
-            if r["variant"] == "kestrel" and r.get("calibration"):
-                print(f"kernels chosen for Kestrel eager, batch {r['batch']} ({r.get('calibrate_s', 0):.1f} s to "
-                      f"calibrate or read {r.get('calibration_file')}):")
-                print("\n".join(format_choices(r["calibration"])))
-        if args.profile:
-            for r in case.rows:
-                if r.get("profile"):
-                    print(f"\n-- profile: {case.name} {LABELS[r['variant']]} batch {r['batch']} --\n{r['profile']}")
+        print_case(case, args, peak, hw_peak)
         results["cases"].append({"case": case.name, "model": case.model, "image": case.image,
                                  "gflop_per_item": case.flops / 1e9, "export_s": case.export_s,
                                  "rows": [{k: v for k, v in r.items() if k not in ("profile", "traceback")}
