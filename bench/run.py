@@ -137,6 +137,7 @@ class ModelSpec:
     load_kwargs: Callable[[Any, int], dict[str, Any]] = lambda cfg, image: {}  # kestrel.load generics
     output: Callable[[Any], torch.Tensor] = lambda out: out  # Kestrel's (and onnx's) result -> the compared tensor
     max_batch: int = 64                               # larger batches are skipped for this model
+    model_init: Callable[[torch.nn.Module], None] | None = None  # re-draws the reference's random weights
 
 
 def _transformers() -> Any:
@@ -240,6 +241,21 @@ def _sam_prompt(cfg: Any, image: int, batch: int) -> tuple[torch.Tensor, ...]:
     return emb, points, torch.ones(batch, 1, 1, dtype=torch.int32)
 
 
+def sam_weights(model: torch.nn.Module) -> None:
+    """Upstream draws SAM's encoder weights with std 1e-10 and zero positions: activations would be denormal
+    (slow on x86 unless flushed, which only one side does). Draw them as trained models have them instead."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("rel_pos_h", "rel_pos_w", "pos_embed")):
+                p.normal_(0, 0.5)
+            elif name.endswith("positional_embedding"):
+                p.normal_(0, 1.0)
+            elif p.dim() >= 2:
+                p.normal_(0, p[0].numel() ** -0.5)
+            elif name.endswith("bias"):
+                p.normal_(0, 0.02)
+
+
 def sam_encoder_flops(cfg: Any, image: int) -> int:
     """The ViT-B encoder on one image: projections and MLP on every token, windowed attention on
     padded windows, global attention (and its decomposed relative positions) on 4096 tokens, the neck."""
@@ -323,6 +339,7 @@ REGISTRY: dict[str, ModelSpec] = {
         inputs=_sam_pixels,
         flops=sam_encoder_flops,
         max_batch=1,
+        model_init=sam_weights,
     ),
     "sam-decode": ModelSpec(
         title="SAM mask decoder, one point prompt, multimask (facebook/sam-vit-base config)",
@@ -335,6 +352,7 @@ REGISTRY: dict[str, ModelSpec] = {
         images=lambda size: [1024],
         inputs=_sam_prompt,
         flops=sam_decode_flops,
+        model_init=sam_weights,
         output=lambda out: out[0][:, :, 1:],  # Kestrel gives the single mask first, then the three
     ),
 }
@@ -674,6 +692,8 @@ def save_checkpoint(spec: ModelSpec, size: str, directory: Path) -> tuple[Any, i
     cfg = spec.config(size)
     torch.manual_seed(0)
     model = spec.reference(cfg).eval()
+    if spec.model_init is not None:
+        spec.model_init(model)
     n_params = sum(p.numel() for p in model.parameters())
     model.save_pretrained(directory)
     del model

@@ -179,3 +179,24 @@ def test_calibrate_model_reports_every_shape(tmp_path):
     assert measured["kernel"] in kernels.KERNELS and set(measured["gflops"]) <= set(kernels.KERNELS)
     text = "\n".join(calibrate.format_choices(rows))
     assert "680x192x64+b" in text and "not measured" in text  # the tiny head is not timed
+
+
+def test_int8_is_opt_in_close_and_keeps_the_f32_parameters(tmp_path):
+    if not kernels.int8_available():
+        pytest.skip("no quantized engine in this torch build")
+    cfg = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32,
+               patch_size=8, num_labels=5)
+    seeded(lambda: ViTForImageClassification(ViTConfig(**cfg))).save_pretrained(tmp_path / "ckpt")
+    f32 = kestrel.load(tmp_path / "ckpt")
+    q = kestrel.load(tmp_path / "ckpt", quantize="int8")
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        a, b = f32.features(x), q.features(x)
+        b2 = q.features(x)  # the second call reuses the packed weights (and the fused q/k/v buffer)
+    assert 1e-5 < rel_diff(b, a) < 0.2  # int8 really ran, and stayed close
+    assert torch.equal(b, b2)
+    assert float(F.cosine_similarity(a.flatten(0, 1), b.flatten(0, 1)).mean()) > 0.999
+    for (k1, v1), (k2, v2) in zip(f32.state_dict().items(), q.state_dict().items()):
+        assert k1 == k2 and torch.equal(v1, v2)  # the parameters stay f32 and exact
+    with pytest.raises(kestrel.models.cards.CardError, match="quantize='int4'"):
+        kestrel.load(tmp_path / "ckpt", quantize="int4")

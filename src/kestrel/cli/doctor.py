@@ -104,8 +104,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(f"calibration cache: {calibrate.cache_dir()}"
           + ("" if kernels.calibration_enabled() else " (KESTREL_CALIBRATE=0: off)")
           + (f"; KESTREL_LINEAR={kernels.forced()} forces one kernel" if kernels.forced() else ""))
-    print(f"flush denormals: {'on' if torch.set_flush_denormal(True) else 'not supported by this CPU'} "
-          "(kestrel.load turns it on)")
+    was = torch.set_flush_denormal(True)  # True: supported (then put back: it is process-wide FP state)
+    torch.set_flush_denormal(False)
+    print(f"flush denormals: {'supported' if was else 'not supported by this CPU'}; off unless you call "
+          "torch.set_flush_denormal(True) (process-wide: it changes every float op, not only Kestrel's)")
     counts = [args.threads] if args.threads else sorted({1, cores})
     before = torch.get_num_threads()
     print(f"\nf32 GEMM {args.size} x {args.size} x {args.size}, best of interleaved calls (GFLOP/s):")

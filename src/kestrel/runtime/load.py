@@ -74,15 +74,19 @@ def read_config(directory: Path) -> dict[str, Any]:
 
 def load(name_or_dir: str | os.PathLike[str], *, weights: str | os.PathLike[str] | None = None,
          dtype: str | torch.dtype | DType = "f32", device: str | torch.device = "cpu",
-         revision: str | None = None, compile: bool = False, **generics: Any) -> Block:
+         revision: str | None = None, compile: bool = False, quantize: str | None = None,
+         **generics: Any) -> Block:
     """Load a model: a card name (``"dinov2-base"``) or a ``save_pretrained`` directory.
 
     ``weights=DIR`` reads a card's files from a local directory instead of the hub. Extra keyword
     arguments rebind the generics a family allows (``Height=224, Width=224`` for DINOv2).
     The returned module's entries are its methods (``forward``, ``features``...); ``model.loaded``
     says where it came from. ``compile=True`` wraps every entry in ``torch.compile`` (static shapes,
-    inductor with weight freezing; see :mod:`kestrel.runtime.compiled`).
+    inductor with weight freezing; see :mod:`kestrel.runtime.compiled`). ``quantize="int8"`` runs every
+    ``Linear`` as int8 dynamic quantisation (opt-in, not exact: the README has its accuracy).
     """
+    if quantize not in (None, "int8"):
+        raise CardError(f"quantize={quantize!r}: the only quantisation is 'int8' (or None for none)")
     directory, card = resolve(name_or_dir, weights, revision)
     config = read_config(directory)
     family = family_for_config(config, directory)
@@ -95,8 +99,11 @@ def load(name_or_dir: str | os.PathLike[str], *, weights: str | os.PathLike[str]
     model.configure(**family.settings(config))
     model.loaded = Loaded(family, directory, config, bound, card)  # type: ignore[assignment]
     model.requires_grad_(False)  # an inference model; call requires_grad_(True) to fine-tune
-    torch.set_flush_denormal(True)  # denormal activations cost ~100x a normal multiply on x86; no-op elsewhere
     model = model.eval().to(device)
+    if quantize == "int8":
+        from .quantize import quantize_int8
+
+        quantize_int8(model)
     if compile:
         from .compiled import compile_entries
 

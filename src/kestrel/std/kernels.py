@@ -227,10 +227,55 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     x2d = x.reshape(-1, x.shape[-1])
     if not x2d.is_contiguous():
         x2d = x2d.contiguous()
+    if id(weight) in _INT8:
+        packed = _int8_packed(weight, bias)
+        if packed is not None:
+            y = torch.ops.quantized.linear_dynamic(x2d, packed, True)
+            return y.view(*x.shape[:-1], weight.shape[0])
     name = choose(x2d, weight, bias)
     if name == DEFAULT:
         return F.linear(x, weight, bias)
     return KERNELS[name].run(x2d, weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+
+# ------------------------------------------------------------------------- int8 (opt-in, not exact)
+
+# weights marked for int8 dynamic quantisation: id -> (weakref, {id(bias): packed})
+_INT8: dict[int, tuple[weakref.ref, dict[int, Any]]] = {}
+
+
+def mark_int8(weight: torch.Tensor) -> None:
+    """Run this weight's products as int8 dynamic quantisation (opt-in: ``kestrel.load(..., quantize="int8")``).
+
+    Weights are quantised per output channel to int8 at their first call; activations per call, per
+    tensor (reduce_range, so AVX2's 16-bit intermediate sums cannot saturate). Not exact: the
+    accuracy against f32 is in the README.
+    """
+    key = id(weight)
+    if key not in _INT8:
+        _INT8[key] = (weakref.ref(weight, lambda _r, k=key: _INT8.pop(k, None)), {})
+
+
+def int8_available() -> bool:
+    return hasattr(torch.ops.quantized, "linear_dynamic") and bool(torch.backends.quantized.supported_engines)
+
+
+def _int8_packed(weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+    ref, table = _INT8[id(weight)]
+    if ref() is not weight:
+        return None
+    key = id(bias) if bias is not None else 0
+    if key not in table:
+        w = weight.detach().float()
+        scales = (w.abs().amax(dim=1).clamp_min(1e-12) / 127).double()
+        zeros = torch.zeros(w.shape[0], dtype=torch.long)
+        import warnings
+
+        with warnings.catch_warnings():  # torch deprecates quantised tensors; the packed kernels stay
+            warnings.simplefilter("ignore")
+            q = torch.quantize_per_channel(w, scales, zeros, 0, torch.qint8)
+            table[key] = torch.ops.quantized.linear_prepack(q, None if bias is None else bias.detach().float())
+    return table[key]
 
 
 # --------------------------------------------------------------------------- fused projections
@@ -257,22 +302,33 @@ def adjacent(parts: Sequence[torch.Tensor]) -> torch.Tensor | None:
     return first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
 
 
+# the concatenations made by fuse_in_place, one object per group of parts (kernels cache by identity)
+_WHOLE: dict[tuple[int, ...], torch.Tensor] = {}
+
+
 def fuse_in_place(parts: Sequence[torch.Tensor]) -> torch.Tensor:
     """Concatenate along axis 0 once and make each part a view of the result (same numbers, no extra memory).
 
-    Parameters keep their objects, names and values: only their storage moves. Later calls find the
-    parts adjacent (:func:`adjacent`) and use the concatenation without copying.
+    Parameters keep their objects, names and values: only their storage moves. Later calls get the
+    same concatenated tensor back without copying, as long as the parts still lie end to end.
     """
+    key = tuple(id(p) for p in parts)
     whole = adjacent(parts)
-    if whole is not None:
-        return whole
-    with torch.inference_mode(False):  # a normal tensor, even when first called in inference mode
-        whole = torch.cat([p.detach() for p in parts], dim=0)
-    start = 0
-    with torch.no_grad():
-        for p in parts:
-            p.data = whole[start:start + p.shape[0]]
-            start += p.shape[0]
+    cached = _WHOLE.get(key)
+    if (whole is not None and cached is not None and cached.data_ptr() == whole.data_ptr()
+            and cached.shape == whole.shape):
+        return cached
+    if whole is None:
+        with torch.inference_mode(False), torch.no_grad():  # normal tensors, even in inference mode
+            whole = torch.cat([p.detach() for p in parts], dim=0)
+            start = 0
+            for p in parts:
+                p.data = whole[start:start + p.shape[0]]
+                start += p.shape[0]
+    if any(id(p) in _INT8 for p in parts):
+        mark_int8(whole)
+    _WHOLE[key] = whole
+    weakref.finalize(parts[0], _WHOLE.pop, key, None)
     return whole
 
 
