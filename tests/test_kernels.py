@@ -50,9 +50,18 @@ def test_measure_times_every_candidate_and_rejects_a_wrong_one(monkeypatch):
     assert "wrong" in res["rejected"] and "differs" in res["rejected"]["wrong"]
     assert set(res["gflops"]) == set(kernels.KERNELS) - {"wrong"}
     assert res["kernel"] in res["gflops"] and all(v > 0 for v in res["gflops"].values())
-    # the winner is the fastest, unless torch's default is within the margin
-    best = max(res["gflops"].values())
-    assert res["gflops"][res["kernel"]] == best or res["kernel"] == kernels.DEFAULT
+    assert res["kernel"] == kernels._pick(res["gflops"])
+
+
+def test_the_pick_prefers_the_default_within_noise_and_copies_only_for_a_clear_win(monkeypatch):
+    run = kernels.KERNELS["torch"].run
+    monkeypatch.setattr(kernels, "KERNELS", {"torch": kernels.Kernel("torch", "t", run),
+                                             "a": kernels.Kernel("a", "t", run),
+                                             "packed": kernels.Kernel("packed", "t", run, copies_weight=True)})
+    assert kernels._pick({"torch": 100, "a": 102, "packed": 105}) == "torch"   # within noise: the default
+    assert kernels._pick({"torch": 100, "a": 110, "packed": 115}) == "a"       # a copy must win by 10%
+    assert kernels._pick({"torch": 100, "a": 101, "packed": 130}) == "packed"
+    assert kernels._pick({"a": 50}) == "a"
 
 
 def test_choice_is_measured_once_and_cached_per_thread_count(tmp_path, monkeypatch):
