@@ -46,11 +46,15 @@ def test_measure_times_every_candidate_and_rejects_a_wrong_one(monkeypatch):
     x, w, b = _data()
     wrong = kernels.Kernel("wrong", "test", lambda x, w, b: F.linear(x, w, b) * 1.001)
     monkeypatch.setitem(kernels.KERNELS, "wrong", wrong)
+    monkeypatch.setenv("KESTREL_WEIGHT_COPIES", "1")
     res = kernels.measure(x, w, b, budget_s=0.01)
     assert "wrong" in res["rejected"] and "differs" in res["rejected"]["wrong"]
     assert set(res["gflops"]) == set(kernels.KERNELS) - {"wrong"}
     assert res["kernel"] in res["gflops"] and all(v > 0 for v in res["gflops"].values())
     assert res["kernel"] == kernels._pick(res["gflops"])
+    monkeypatch.delenv("KESTREL_WEIGHT_COPIES")
+    copying = {n for n, k in kernels.KERNELS.items() if k.copies_weight}
+    assert not copying & set(kernels.measure(x, w, b, budget_s=0.01)["gflops"])  # memory first, by default
 
 
 def test_the_pick_prefers_the_default_within_noise_and_copies_only_for_a_clear_win(monkeypatch):

@@ -13,7 +13,8 @@ Candidates (each a real library path torch ships):
     torch        ``F.linear``: torch's default (addmm, MKL's sgemm on x86 builds)
     onednn       oneDNN's matmul primitive (``torch.ops.mkldnn._linear_pointwise``)
     mkl-packed   MKL's packed GEMM (``torch.ops.mkl._mkl_linear``): the weight pre-packed once per
-                 (weight, rows), as inductor's freezing does; costs a packed copy of the weight
+                 (weight, rows), as inductor's freezing does; costs a packed copy of the weight, so it
+                 is a candidate only with ``KESTREL_WEIGHT_COPIES=1``
 
 Compiled, traced and exported graphs, autograd, other dtypes and devices always take ``F.linear``
 (inductor makes its own choice there). ``KESTREL_LINEAR=torch|onednn|mkl-packed`` forces one path;
@@ -140,6 +141,13 @@ def forced() -> str | None:
     return name
 
 
+def copies_allowed() -> bool:
+    """Kernels that keep a re-laid-out copy of every weight they run (``mkl-packed``) cost memory; a
+    measured run (ViT-B/16, batch 8) had them add ~400 MB, well above transformers' peak. They are
+    candidates only with ``KESTREL_WEIGHT_COPIES=1`` (or forced with ``KESTREL_LINEAR``)."""
+    return os.environ.get("KESTREL_WEIGHT_COPIES", "0") == "1"
+
+
 def calibration_enabled() -> bool:
     return os.environ.get("KESTREL_CALIBRATE", "1") != "0"
 
@@ -170,7 +178,7 @@ def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
     Returns ``{"kernel": chosen, "gflops": {name: best rate}, "rejected": {name: why}, "rows": timed rows}``.
     """
-    names = list(kernels or KERNELS)
+    names = list(kernels or [n for n, k in KERNELS.items() if copies_allowed() or not k.copies_weight])
     x = x2d[:CAL_ROWS]
     m, k = x.shape
     n = weight.shape[0]
