@@ -73,6 +73,7 @@ from typing import Any
 import torch
 
 VARIANTS = ("kestrel", "kestrel-compile", "hf", "hf-compile", "onnx")
+DEFAULT_MODELS = "vit,dinov2,siglip,siglip-text,sam,sam-decode"
 LABELS = {"kestrel": "kestrel eager", "kestrel-compile": "kestrel compile", "hf": "transformers eager",
           "hf-compile": "transformers compile", "onnx": "onnxruntime (kestrel)"}
 RESULT_MARK = "@@BENCH-RESULT "
@@ -134,6 +135,9 @@ class ModelSpec:
     inputs: Callable[[Any, int, int], tuple[torch.Tensor, ...]]  # (config, image, batch) -> inputs
     flops: Callable[[Any, int], int]                  # (config, image) -> FLOPs per item
     load_kwargs: Callable[[Any, int], dict[str, Any]] = lambda cfg, image: {}  # kestrel.load generics
+    output: Callable[[Any], torch.Tensor] = lambda out: out  # Kestrel's (and onnx's) result -> the compared tensor
+    max_batch: int = 64                               # larger batches are skipped for this model
+    model_init: Callable[[torch.nn.Module], None] | None = None  # re-draws the reference's random weights
 
 
 def _transformers() -> Any:
@@ -213,6 +217,71 @@ def siglip_text_flops(cfg: Any, image: int) -> int:
     return body + 2 * t.hidden_size * t.hidden_size  # the head on the last token
 
 
+def _sam_config(size: str) -> Any:
+    t = _transformers()
+    if size == "small":
+        return t.SamConfig(
+            vision_config=dict(hidden_size=32, num_attention_heads=2, mlp_dim=64, output_channels=32,
+                               num_pos_feats=16),
+            prompt_encoder_config=dict(hidden_size=32),
+            mask_decoder_config=dict(hidden_size=32, num_attention_heads=2, mlp_dim=64, iou_head_hidden_dim=32))
+    return t.SamConfig()  # facebook/sam-vit-base: ViT-B encoder, 1024 x 1024, windows of 14, global at 2, 5, 8, 11
+
+
+def _sam_pixels(cfg: Any, image: int, batch: int) -> tuple[torch.Tensor, ...]:
+    return _pixels(cfg.vision_config, image, batch)
+
+
+def _sam_prompt(cfg: Any, image: int, batch: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(INPUT_SEED + batch)
+    v = cfg.vision_config
+    grid = v.image_size // v.patch_size
+    emb = torch.randn(batch, v.output_channels, grid, grid, generator=g)
+    points = torch.rand(batch, 1, 1, 2, generator=g) * v.image_size
+    return emb, points, torch.ones(batch, 1, 1, dtype=torch.int32)
+
+
+def sam_weights(model: torch.nn.Module) -> None:
+    """Upstream draws SAM's encoder weights with std 1e-10 and zero positions: activations would be denormal
+    (slow on x86 unless flushed, which only one side does). Draw them as trained models have them instead."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("rel_pos_h", "rel_pos_w", "pos_embed")):
+                p.normal_(0, 0.5)
+            elif name.endswith("positional_embedding"):
+                p.normal_(0, 1.0)
+            elif p.dim() >= 2:
+                p.normal_(0, p[0].numel() ** -0.5)
+            elif name.endswith("bias"):
+                p.normal_(0, 0.02)
+
+
+def sam_encoder_flops(cfg: Any, image: int) -> int:
+    """The ViT-B encoder on one image: projections and MLP on every token, windowed attention on
+    padded windows, global attention (and its decomposed relative positions) on 4096 tokens, the neck."""
+    v = cfg.vision_config
+    g = image // v.patch_size
+    n, d, w = g * g, v.hidden_size, v.window_size
+    inner = int(d * v.mlp_ratio)
+    per_layer = 2 * n * d * 3 * d + 2 * n * d * d + 2 * 2 * n * d * inner
+    windows = -(-g // w) ** 2
+    local = windows * 2 * 2 * (w * w) ** 2 * d
+    glob = 2 * 2 * n * n * d + 2 * 2 * n * g * d  # scores, attn @ v; q @ rel_h, q @ rel_w
+    n_global = len(v.global_attn_indexes)
+    layers = v.num_hidden_layers * per_layer + n_global * glob + (v.num_hidden_layers - n_global) * local
+    neck = 2 * n * d * v.output_channels + 2 * n * v.output_channels ** 2 * 9
+    return 2 * n * d * v.num_channels * v.patch_size ** 2 + layers + neck
+
+
+def sam_decode_flops(cfg: Any, image: int) -> int:
+    """Counted by torch.utils.flop_counter on the reference is more exact; this is the two-way transformer's
+    cross attention against 4096 image tokens and the upscaling, about 1 GFLOP: shown, not a target."""
+    m = cfg.mask_decoder_config
+    n = (cfg.vision_config.image_size // cfg.vision_config.patch_size) ** 2
+    d = m.hidden_size
+    return 2 * 2 * (2 * n * d * d // 2 * 2 + 2 * n * 8 * d) + 2 * 4 * n * d * d
+
+
 REGISTRY: dict[str, ModelSpec] = {
     "vit": ModelSpec(
         title="ViT-B/16 classifier (google/vit-base-patch16-224 config)",
@@ -258,6 +327,33 @@ REGISTRY: dict[str, ModelSpec] = {
         images=lambda size: [0],
         inputs=_siglip_tokens,
         flops=siglip_text_flops,
+    ),
+    "sam": ModelSpec(
+        title="SAM ViT-B image encoder, 1024 x 1024 (facebook/sam-vit-base config)",
+        config=_sam_config,
+        reference=lambda cfg: _transformers().SamModel(cfg),
+        reference_class=lambda: _transformers().SamModel,
+        reference_output=lambda m, xs: m.get_image_embeddings(xs[0]),
+        entry="encode_image",
+        images=lambda size: [1024],
+        inputs=_sam_pixels,
+        flops=sam_encoder_flops,
+        max_batch=1,
+        model_init=sam_weights,
+    ),
+    "sam-decode": ModelSpec(
+        title="SAM mask decoder, one point prompt, multimask (facebook/sam-vit-base config)",
+        config=_sam_config,
+        reference=lambda cfg: _transformers().SamModel(cfg),
+        reference_class=lambda: _transformers().SamModel,
+        reference_output=lambda m, xs: m(image_embeddings=xs[0], input_points=xs[1], input_labels=xs[2],
+                                         multimask_output=True).pred_masks,
+        entry="decode_points",
+        images=lambda size: [1024],
+        inputs=_sam_prompt,
+        flops=sam_decode_flops,
+        model_init=sam_weights,
+        output=lambda out: out[0][:, :, 1:],  # Kestrel gives the single mask first, then the three
     ),
 }
 
@@ -426,7 +522,19 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
         import kestrel
 
         model = kestrel.load(job["checkpoint"], **spec.load_kwargs(cfg, image))
-        fn = getattr(model, spec.entry)
+        entry = getattr(model, spec.entry)
+
+        def fn(*xs: torch.Tensor) -> Any:
+            return spec.output(entry(*xs))
+
+        if variant == "kestrel":  # measure every GEMM shape now (or read the cached choices): not timed
+            from kestrel.runtime import calibrate
+
+            t = time.perf_counter()
+            with torch.no_grad():
+                res["calibration"] = calibrate.calibrate_model(lambda: entry(*inputs))
+            res["calibrate_s"] = time.perf_counter() - t
+            res["calibration_file"] = str(calibrate.table().path)
     elif variant in ("hf", "hf-compile"):
         model = spec.reference_class().from_pretrained(job["checkpoint"]).eval()
         res["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
@@ -444,8 +552,9 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
         names = [i.name for i in sess.get_inputs()]
         setup = time.perf_counter() - t0
 
-        def fn(*xs: torch.Tensor) -> torch.Tensor:
-            return torch.from_numpy(sess.run(None, dict(zip(names, (x.numpy() for x in xs))))[0])
+        def fn(*xs: torch.Tensor) -> Any:
+            outs = [torch.from_numpy(o) for o in sess.run(None, dict(zip(names, (x.numpy() for x in xs))))]
+            return spec.output(outs[0] if len(outs) == 1 else tuple(outs))
     else:
         raise ValueError(f"unknown variant {variant}")
     res["load_s"] = time.perf_counter() - t0
@@ -583,6 +692,8 @@ def save_checkpoint(spec: ModelSpec, size: str, directory: Path) -> tuple[Any, i
     cfg = spec.config(size)
     torch.manual_seed(0)
     model = spec.reference(cfg).eval()
+    if spec.model_init is not None:
+        spec.model_init(model)
     n_params = sum(p.numel() for p in model.parameters())
     model.save_pretrained(directory)
     del model
@@ -610,6 +721,37 @@ HEADER = (f"{'variant':<22} {'batch':>5} {'median s':>9} {'min s':>8}  {'x HF':>
           f"{'% hw':>6} {'peak MB':>8} {'setup s':>8} {'rel diff':>9} {'others':>6}")
 
 
+def format_choices(rows: list[Any]) -> list[str]:
+    from kestrel.runtime import calibrate
+
+    return calibrate.format_choices([(shape, entry) for shape, entry in rows])
+
+
+def targets(case: Case, hw_peak: float) -> list[str]:
+    """The issue's targets for this case, each as met / missed with its numbers."""
+    out = []
+    for b in sorted({r["batch"] for r in case.rows}):
+        rows = {r["variant"]: r for r in case.rows if r["batch"] == b and "error" not in r}
+        k = rows.get("kestrel")
+        if k is None:
+            continue
+        checks = []
+        for other in ("hf", "onnx"):
+            if other in rows:
+                ratio = k["median"] / rows[other]["median"]
+                checks.append(f"vs {other} {ratio:.2f}x {'met' if ratio < 1 else 'MISSED'}")
+        if "hf" in rows and "peak_mb" in k and "peak_mb" in rows["hf"]:
+            ok = k["peak_mb"] <= rows["hf"]["peak_mb"]
+            checks.append(f"peak MB {k['peak_mb']:.0f} vs {rows['hf']['peak_mb']:.0f} {'met' if ok else 'MISSED'}")
+        if b >= 8 or case.model == "sam":
+            pct = case.flops * b / k["median"] / 1e9 / hw_peak
+            goal = 0.75 if case.model == "sam" else 0.85
+            verdict = "met" if pct >= goal else "MISSED"
+            checks.append(f"{100 * pct:.0f}% of GEMM peak (goal {100 * goal:.0f}%) {verdict}")
+        out.append(f"targets, batch {b}: " + "; ".join(checks))
+    return out
+
+
 def rel_diff(a: torch.Tensor, ref: torch.Tensor) -> float:
     if a.shape != ref.shape:
         return float("inf")
@@ -617,9 +759,40 @@ def rel_diff(a: torch.Tensor, ref: torch.Tensor) -> float:
     return (a.float() - ref.float()).abs().max().item() / scale
 
 
+def print_case(case: Case, args: argparse.Namespace, peak: float, hw_peak: float) -> None:
+    """One case's table, targets and kernel choices."""
+    spec = REGISTRY[case.model]
+    title = spec.title if args.size == "full" else f"{spec.title.split(' (')[0]}, small test config"
+    print(f"\n== {case.name}: {title}; {case.flops / 1e9:.1f} GFLOP per image "
+          f"(matmuls counted from the config) ==")
+    print(HEADER)
+    for b in sorted({r["batch"] for r in case.rows}):
+        rows = [r for r in case.rows if r["batch"] == b]
+        hf = next((r for r in rows if r["variant"] == "hf" and "error" not in r), None)
+        for r in rows:
+            print(fmt_row(r["variant"], b, r, hf["median"] if hf else None, case.flops, peak, hw_peak))
+    for b in sorted({r["batch"] for r in case.rows}):
+        k = next((r for r in case.rows if r["batch"] == b and r["variant"] == "kestrel"), None)
+        if k and k.get("rel_diff") is not None:
+            print(f"Kestrel vs transformers (eager, batch {b}): max |diff| / max |ref| = {k['rel_diff']:.2e}")
+    if case.export_s is not None:
+        print(f"ONNX export (dynamic batch): {case.export_s:.1f} s")
+    for line in targets(case, hw_peak):
+        print(line)
+    for r in case.rows:
+        if r["variant"] == "kestrel" and r.get("calibration"):
+            print(f"kernels chosen for Kestrel eager, batch {r['batch']} ({r.get('calibrate_s', 0):.1f} s to "
+                  f"calibrate or read {r.get('calibration_file')}):")
+            print("\n".join(format_choices(r["calibration"])))
+    if args.profile:
+        for r in case.rows:
+            if r.get("profile"):
+                print(f"\n-- profile: {case.name} {LABELS[r['variant']]} batch {r['batch']} --\n{r['profile']}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="vit,dinov2,siglip,siglip-text", help=f"comma list from {', '.join(REGISTRY)}")
+    ap.add_argument("--models", default=DEFAULT_MODELS, help=f"comma list from {', '.join(REGISTRY)}")
     ap.add_argument("--batch", default="1,8", help="comma list of batch sizes (default 1,8)")
     ap.add_argument("--repeat", type=int, default=3, help="timed calls per row (default 3; the median is shown)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed calls before timing (default 1)")
@@ -698,6 +871,7 @@ def main(argv: list[str] | None = None) -> int:
                 # quick: a model's largest image size (when it has several) runs at the smallest batch only
                 big = len(images) > 1 and image == max(images)
                 case_batches = [min(batches)] if args.quick and big else batches
+                case_batches = [b for b in case_batches if b <= spec.max_batch] or [min(batches)]
                 common = {"model": m, "size": args.size, "image": image, "checkpoint": str(ckpt), "threads": threads}
                 if "onnx" in variants:
                     exp = run_subprocess_export(common | {"out": str(tmpdir / f"onnx-{case.name}")}, args.row_timeout)
@@ -723,6 +897,9 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  {case.name} {v:<16} batch {b}: {status}", flush=True)
                 _compare(case, tmpdir)
                 cases.append(case)
+                print("\n(interim, % against the GEMM peaks measured at the start)", flush=True)
+                print_case(case, args, peak_start, max(peaks.values()))
+                sys.stdout.flush()
     peak_end = matmul_peak()
     peak = max(peak_start, peak_end)
     hw_peak = max([peak, *peaks.values()])
@@ -730,26 +907,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(whole run {time.perf_counter() - started:.0f} s)")
 
     for case in cases:
-        spec = REGISTRY[case.model]
-        title = spec.title if args.size == "full" else f"{spec.title.split(' (')[0]}, small test config"
-        print(f"\n== {case.name}: {title}; {case.flops / 1e9:.1f} GFLOP per image "
-              f"(matmuls counted from the config) ==")
-        print(HEADER)
-        for b in sorted({r["batch"] for r in case.rows}):
-            rows = [r for r in case.rows if r["batch"] == b]
-            hf = next((r for r in rows if r["variant"] == "hf" and "error" not in r), None)
-            for r in rows:
-                print(fmt_row(r["variant"], b, r, hf["median"] if hf else None, case.flops, peak, hw_peak))
-        for b in sorted({r["batch"] for r in case.rows}):
-            k = next((r for r in case.rows if r["batch"] == b and r["variant"] == "kestrel"), None)
-            if k and k.get("rel_diff") is not None:
-                print(f"Kestrel vs transformers (eager, batch {b}): max |diff| / max |ref| = {k['rel_diff']:.2e}")
-        if case.export_s is not None:
-            print(f"ONNX export (dynamic batch): {case.export_s:.1f} s")
-        if args.profile:
-            for r in case.rows:
-                if r.get("profile"):
-                    print(f"\n-- profile: {case.name} {LABELS[r['variant']]} batch {r['batch']} --\n{r['profile']}")
+        print_case(case, args, peak, hw_peak)
         results["cases"].append({"case": case.name, "model": case.model, "image": case.image,
                                  "gflop_per_item": case.flops / 1e9, "export_s": case.export_s,
                                  "rows": [{k: v for k, v in r.items() if k not in ("profile", "traceback")}

@@ -1,42 +1,137 @@
-"""Kernel choices: the oneDNN linear for eager inference, F.linear everywhere else."""
+"""Kernel choice by measurement: every candidate is correct, the choice is cached per machine key,
+every path the calibration may pick keeps parity, and the fused q/k/v projection keeps the parameters."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers import ViTConfig, ViTForImageClassification
 
-from kestrel.std import ops
+import kestrel
+from kestrel.runtime import calibrate
+from kestrel.std import kernels, ops
+from reference import rel_diff, seeded
 
-pytestmark = pytest.mark.skipif(not ops.USE_ONEDNN_LINEAR, reason="no oneDNN in this torch build")
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    """Each test measures into its own cache directory, never the user's."""
+    monkeypatch.setenv("KESTREL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("KESTREL_LINEAR", raising=False)
+    monkeypatch.delenv("KESTREL_CALIBRATE", raising=False)
+    calibrate.forget()
+    yield
+    calibrate.forget()
 
 
-def test_onednn_linear_matches_f_linear():
-    g = torch.Generator().manual_seed(0)
-    x, w, b = torch.randn(3, 50, 96, generator=g), torch.randn(200, 96, generator=g), torch.randn(200, generator=g)
-    assert ops._onednn_ok(x, w)
-    ours, ref = ops.linear(x, w, b), F.linear(x, w, b)
-    assert ours.shape == ref.shape
-    assert float((ours - ref).abs().max() / ref.abs().max()) < 1e-6
-    assert float((ops.linear(x, w) - F.linear(x, w)).abs().max() / ref.abs().max()) < 1e-6
+def _data(m=300, k=96, n=200, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+
+
+@pytest.mark.parametrize("name", sorted(kernels.KERNELS))
+def test_every_candidate_matches_f_linear(name):
+    x, w, b = _data()
+    ref = F.linear(x, w, b)
+    for bias in (b, None):
+        out = kernels.KERNELS[name].run(x, w, bias)
+        assert out.shape == ref.shape
+        assert rel_diff(out, F.linear(x, w, bias)) < 1e-6
+
+
+def test_measure_times_every_candidate_and_rejects_a_wrong_one(monkeypatch):
+    x, w, b = _data()
+    wrong = kernels.Kernel("wrong", "test", lambda x, w, b: F.linear(x, w, b) * 1.001)
+    monkeypatch.setitem(kernels.KERNELS, "wrong", wrong)
+    monkeypatch.setenv("KESTREL_WEIGHT_COPIES", "1")
+    res = kernels.measure(x, w, b, budget_s=0.01)
+    assert "wrong" in res["rejected"] and "differs" in res["rejected"]["wrong"]
+    assert set(res["gflops"]) == set(kernels.KERNELS) - {"wrong"}
+    assert res["kernel"] in res["gflops"] and all(v > 0 for v in res["gflops"].values())
+    assert res["kernel"] == kernels._pick(res["gflops"])
+    monkeypatch.delenv("KESTREL_WEIGHT_COPIES")
+    copying = {n for n, k in kernels.KERNELS.items() if k.copies_weight}
+    assert not copying & set(kernels.measure(x, w, b, budget_s=0.01)["gflops"])  # memory first, by default
+
+
+def test_the_pick_prefers_the_default_within_noise_and_copies_only_for_a_clear_win(monkeypatch):
+    run = kernels.KERNELS["torch"].run
+    monkeypatch.setattr(kernels, "KERNELS", {"torch": kernels.Kernel("torch", "t", run),
+                                             "a": kernels.Kernel("a", "t", run),
+                                             "packed": kernels.Kernel("packed", "t", run, copies_weight=True)})
+    assert kernels._pick({"torch": 100, "a": 102, "packed": 105}) == "torch"   # within noise: the default
+    assert kernels._pick({"torch": 100, "a": 110, "packed": 115}) == "a"       # a copy must win by 10%
+    assert kernels._pick({"torch": 100, "a": 101, "packed": 130}) == "packed"
+    assert kernels._pick({"a": 50}) == "a"
+
+
+def test_choice_is_measured_once_and_cached_per_thread_count(tmp_path, monkeypatch):
+    x, w, b = _data(m=512, k=256, n=256)
+    calls = []
+    real = kernels.measure
+    monkeypatch.setattr(kernels, "measure", lambda *a, **k: calls.append(1) or real(*a, **k, budget_s=0.01))
+    with torch.no_grad():
+        y = ops.linear(x, w, b)
+        ops.linear(x, w, b)
+    assert len(calls) == 1
+    assert rel_diff(y, F.linear(x, w, b)) < 1e-6
+    files = list((tmp_path / "cache" / "calibration").glob("*.json"))
+    assert len(files) == 1
+    data = json.loads(files[0].read_text())
+    assert data["key"]["threads"] == torch.get_num_threads() and data["key"]["cpu"] == calibrate.cpu_model()
+    assert data["key"]["torch"] == torch.__version__
+    assert set(data["shapes"]) == {"512x256x256+b"}
+    # a fresh process (forget) reads the file instead of measuring again
+    calibrate.forget()
+    with torch.no_grad():
+        ops.linear(x, w, b)
+    assert len(calls) == 1
+    # another thread count is another machine key: measured again, in its own file
+    other = torch.get_num_threads() + 1
+    assert calibrate.key_digest(calibrate.machine_key(other)) != files[0].stem
+    assert calibrate.table(other).get(512, 256, 256, True) is None
+
+
+def test_a_corrupt_cache_is_measured_again(tmp_path):
+    t = calibrate.table()
+    t.path.parent.mkdir(parents=True, exist_ok=True)
+    t.path.write_text("{not json")
+    calibrate.forget()
+    t = calibrate.table()
+    assert t.load_error and t.get(1, 2, 3, False) is None
+
+
+def test_forced_kernel_and_switches(monkeypatch):
+    x, w, b = _data()
+    monkeypatch.setenv("KESTREL_LINEAR", "onednn" if "onednn" in kernels.KERNELS else "torch")
+    assert kernels.choose(x, w, b) == kernels.forced()
+    monkeypatch.setenv("KESTREL_LINEAR", "no-such-gemm")
+    with pytest.raises(ValueError, match=r"KESTREL_LINEAR='no-such-gemm'.*available: torch"):
+        kernels.choose(x, w, b)
+    monkeypatch.setenv("KESTREL_LINEAR", "auto")
+    monkeypatch.setenv("KESTREL_CALIBRATE", "0")
+    assert kernels.choose(x, w, b) == "torch"
+    assert not calibrate.table().shapes  # nothing measured, nothing written
 
 
 def test_autograd_tracing_and_other_dtypes_keep_f_linear():
     x, w = torch.randn(4, 8), torch.nn.Parameter(torch.randn(6, 8))
-    assert not ops._onednn_ok(x, w)  # a weight that wants gradients
+    assert not kernels.eager_ok(x, w)  # a weight that wants gradients
     y = ops.linear(x, w)
     y.sum().backward()
     assert w.grad is not None
     with torch.no_grad():
-        assert ops._onednn_ok(x, w)
-    assert not ops._onednn_ok(x.double(), w.double())
-    assert not ops._onednn_ok(x.t(), torch.randn(6, 4))  # not contiguous
+        assert kernels.eager_ok(x, w)
+    assert not kernels.eager_ok(x.double(), w.double())
 
     compiled = torch.compile(_Linear(w.detach()), backend="aot_eager", fullgraph=True)
     assert torch.allclose(compiled(x), F.linear(x, w.detach()))
     graph = torch.export.export(_Linear(w.detach()), (x,)).graph
     targets = {str(n.target) for n in graph.nodes if n.op == "call_function"}
-    assert not any("mkldnn" in t for t in targets), targets
+    assert not any("mkldnn" in t or "mkl" in t for t in targets), targets
 
 
 class _Linear(torch.nn.Module):
@@ -46,3 +141,75 @@ class _Linear(torch.nn.Module):
 
     def forward(self, a: torch.Tensor) -> torch.Tensor:
         return ops.linear(a, self.weight)
+
+
+def test_fused_linear_views_the_parameters_in_one_buffer():
+    g = torch.Generator().manual_seed(1)
+    ws = [torch.nn.Parameter(torch.randn(8, 5, generator=g), requires_grad=False) for _ in range(3)]
+    bs = [torch.nn.Parameter(torch.randn(8, generator=g), requires_grad=False) for _ in range(3)]
+    before = [w.clone() for w in ws]
+    x = torch.randn(2, 7, 5, generator=g)
+    outs = ops.fused_linear(x, ws, bs)
+    for o, w, b in zip(outs, ws, bs):
+        assert rel_diff(o, F.linear(x, w, b)) < 1e-6
+    assert all(torch.equal(a, w) for a, w in zip(before, ws))  # same numbers
+    whole = kernels.adjacent(ws)
+    assert whole is not None and whole.shape == (24, 5)  # now one buffer, no copy on later calls
+    assert ws[1].untyped_storage().data_ptr() == ws[0].untyped_storage().data_ptr()
+    # a missing bias is zeros for that part
+    outs = ops.fused_linear(x, ws, [bs[0], None, bs[2]])
+    assert rel_diff(outs[1], F.linear(x, ws[1])) < 1e-6
+
+
+@pytest.mark.parametrize("name", sorted(kernels.KERNELS))
+def test_vit_parity_with_every_kernel_the_calibration_may_pick(tmp_path, monkeypatch, name):
+    monkeypatch.setenv("KESTREL_LINEAR", name)
+    cfg = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32,
+               patch_size=8, num_labels=5)
+    ref = seeded(lambda: ViTForImageClassification(ViTConfig(**cfg)))
+    ref.save_pretrained(tmp_path / "ckpt")
+    ours = kestrel.load(tmp_path / "ckpt")
+    names = list(ours.state_dict())
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        assert rel_diff(ours.forward(x), ref(pixel_values=x).logits) <= 1e-4
+    assert list(ours.state_dict()) == names  # the fused projection kept every parameter path
+    sd = ref.state_dict()
+    assert torch.equal(ours.state_dict()["layers.1.attention.key.weight"],
+                       sd["vit.layers.1.attention.k_proj.weight"])
+
+
+def test_calibrate_model_reports_every_shape(tmp_path):
+    cfg = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128, image_size=32,
+               patch_size=8, num_labels=5)
+    seeded(lambda: ViTForImageClassification(ViTConfig(**cfg))).save_pretrained(tmp_path / "ckpt")
+    ours = kestrel.load(tmp_path / "ckpt")
+    x = torch.randn(40, 3, 32, 32)  # 40 x 17 rows: the projections are big enough to be measured
+    rows = calibrate.calibrate_model(lambda: ours.forward(x))
+    shapes = [s for s, _ in rows]
+    assert "680x192x64+b" in shapes and "680x128x64+b" in shapes and "40x5x64+b" in shapes
+    measured = dict(rows)["680x192x64+b"]
+    assert measured["kernel"] in kernels.KERNELS and set(measured["gflops"]) <= set(kernels.KERNELS)
+    text = "\n".join(calibrate.format_choices(rows))
+    assert "680x192x64+b" in text and "not measured" in text  # the tiny head is not timed
+
+
+def test_int8_is_opt_in_close_and_keeps_the_f32_parameters(tmp_path):
+    if not kernels.int8_available():
+        pytest.skip("no quantized engine in this torch build")
+    cfg = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32,
+               patch_size=8, num_labels=5)
+    seeded(lambda: ViTForImageClassification(ViTConfig(**cfg))).save_pretrained(tmp_path / "ckpt")
+    f32 = kestrel.load(tmp_path / "ckpt")
+    q = kestrel.load(tmp_path / "ckpt", quantize="int8")
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        a, b = f32.features(x), q.features(x)
+        b2 = q.features(x)  # the second call reuses the packed weights (and the fused q/k/v buffer)
+    assert 1e-5 < rel_diff(b, a) < 0.2  # int8 really ran, and stayed close
+    assert torch.equal(b, b2)
+    assert float(F.cosine_similarity(a.flatten(0, 1), b.flatten(0, 1)).mean()) > 0.999
+    for (k1, v1), (k2, v2) in zip(f32.state_dict().items(), q.state_dict().items()):
+        assert k1 == k2 and torch.equal(v1, v2)  # the parameters stay f32 and exact
+    with pytest.raises(kestrel.models.cards.CardError, match="quantize='int4'"):
+        kestrel.load(tmp_path / "ckpt", quantize="int4")

@@ -40,7 +40,9 @@ class Attention(Block):
         def heads(t):
             return t.view(B, N, self.Heads, self.D // self.Heads).transpose(1, 2)
 
-        y = ops.attention(heads(self.query(x)), heads(self.key(x)), heads(self.value(x)))
+        qkv = (self.query, self.key, self.value)  # one GEMM: the three weights share one buffer
+        q, k, v = ops.fused_linear(x, [p.weight for p in qkv], [p.bias for p in qkv])
+        y = ops.attention(heads(q), heads(k), heads(v))
         return self.out(y.transpose(1, 2).reshape(B, N, self.D))
 
 

@@ -120,14 +120,19 @@ def read_config(directory: Path) -> dict[str, Any]:
 
 def load(name_or_dir: str | os.PathLike[str], *, weights: str | os.PathLike[str] | None = None,
          dtype: str | torch.dtype | DType = "f32", device: str | torch.device = "cpu",
-         revision: str | None = None, **generics: Any) -> Block:
+         revision: str | None = None, compile: bool = False, quantize: str | None = None,
+         **generics: Any) -> Block:
     """Load a model: a card name (``"dinov2-base"``) or a ``save_pretrained`` directory.
 
     ``weights=DIR`` reads a card's files from a local directory instead of the hub. Extra keyword
     arguments rebind the generics a family allows (``Height=224, Width=224`` for DINOv2).
     The returned module's entries are its methods (``forward``, ``features``...); ``model.loaded``
-    says where it came from.
+    says where it came from. ``compile=True`` wraps every entry in ``torch.compile`` (static shapes,
+    inductor with weight freezing; see :mod:`kestrel.runtime.compiled`). ``quantize="int8"`` runs every
+    ``Linear`` as int8 dynamic quantisation (opt-in, not exact: the README has its accuracy).
     """
+    if quantize not in (None, "int8"):
+        raise CardError(f"quantize={quantize!r}: the only quantisation is 'int8' (or None for none)")
     directory, card = resolve(name_or_dir, weights, revision)
     config = read_config(directory)
     family = family_for_config(config, directory)
@@ -141,7 +146,16 @@ def load(name_or_dir: str | os.PathLike[str], *, weights: str | os.PathLike[str]
     origin = "" if card is not None or weights is not None or Path(name_or_dir).is_dir() else os.fspath(name_or_dir)
     model.loaded = Loaded(family, directory, config, bound, card, origin=origin)  # type: ignore[assignment]
     model.requires_grad_(False)  # an inference model; call requires_grad_(True) to fine-tune
-    return model.eval().to(device)
+    model = model.eval().to(device)
+    if quantize == "int8":
+        from .quantize import quantize_int8
+
+        quantize_int8(model)
+    if compile:
+        from .compiled import compile_entries
+
+        compile_entries(model)
+    return model
 
 
 def _bind(family: Family, config: dict, dtype: Any, overrides: dict[str, Any], directory: Path) -> dict[str, Any]:

@@ -8,7 +8,6 @@ see plain aten ops. Rules compute the result type from the argument types and ra
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,6 +30,7 @@ from ..checker.symbolic import (
 from ..shapes.poly import ONE, Poly, floordiv, ge_text
 from ..types.dtypes import DType, DTypeVar, bool_, f32, i64
 from ..types.tensor import TensorType, Variadic
+from . import kernels
 
 # ------------------------------------------------------------------------------------ helpers
 
@@ -221,37 +221,19 @@ def _(x: SymTensor, approximate: str = "none") -> SymTensor:
 # ----------------------------------------------------------------------------- linear algebra
 
 
-# oneDNN's f32 GEMM runs about twice as fast as torch's default (MKL) on the AMD CPUs we measured
-# (bench/run.py prints both peaks). Only plain eager tensors take it: traced, compiled and exported
-# graphs see tensor subclasses and keep F.linear, and autograd keeps F.linear too.
-_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-USE_ONEDNN_LINEAR = _ONEDNN and os.environ.get("KESTREL_ONEDNN", "1") != "0"
-
-
-def _onednn_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    # dynamo models type(x) as torch.Tensor, hence the explicit is_compiling(): compiled graphs
-    # keep F.linear, which inductor lowers (and may hand to oneDNN itself with frozen weights)
-    return (USE_ONEDNN_LINEAR and not torch.compiler.is_compiling()
-            and type(x) is torch.Tensor and type(weight) in (torch.Tensor, torch.nn.Parameter)
-            and x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
-            and x.numel() > 0 and weight.numel() > 0  # oneDNN refuses empty operands; F.linear takes them
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
-
-
 @op("linear")
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T + bias`` over the last axis: ``[*S, In] -> [*S, Out]``.
 
-    Kernel: oneDNN's f32 GEMM for eager inference on CPU (``KESTREL_ONEDNN=0`` turns it off),
-    ``F.linear`` otherwise; both compute the same sum in a different order (~1e-6 relative).
+    Kernel: for eager f32 inference on CPU, the GEMM path measured fastest for this shape on this
+    machine (:mod:`kestrel.std.kernels`: torch's default, oneDNN or MKL's packed GEMM, all within
+    ~1e-6 relative of each other); ``F.linear`` in compiled, exported and autograd graphs.
     """
-    if _onednn_ok(x, weight):
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    return F.linear(x, weight, bias)
+    return kernels.linear(x, weight, bias)
 
 
 @linear.rule
-def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None) -> SymTensor:
+def _linear_rule(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None) -> SymTensor:
     w = weight.fixed_dims("linear's weight")
     if len(w) != 2:
         raise ShapeError(f"linear: weight must be [Out, In], got {weight.show()}")
@@ -265,6 +247,25 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None) -> SymTens
         same(b[0], w[0], "linear: bias length differs from the output features", bias, weight)
         same_dtype(bias, weight, "linear bias")
     return _t(x, [*x.dims[:-1], w[0]])
+
+
+@op("fused_linear")
+def fused_linear(x: torch.Tensor, weights: Sequence[torch.Tensor],
+                 biases: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor, ...]:
+    """Several projections of one input, ``(linear(x, w0, b0), linear(x, w1, b1), ...)``, as one GEMM.
+
+    Kernel: the weights (and biases) are concatenated once, at the first eager call, into one
+    buffer of which the parameters become views (same objects, names and numbers; no extra
+    memory); each call is then one ``linear`` and a split. Compiled graphs see ``cat`` + ``linear``.
+    """
+    return kernels.fused_linear(x, weights, biases)
+
+
+@fused_linear.rule
+def _(x: SymTensor, weights: Sequence[SymTensor], biases: Sequence[SymTensor | None]) -> tuple[SymTensor, ...]:
+    if len(weights) != len(biases) or not weights:
+        raise ShapeError(f"fused_linear: {len(weights)} weight(s) but {len(biases)} bias(es)")
+    return tuple(_linear_rule(x, w, b) for w, b in zip(weights, biases))
 
 
 @op("matmul")

@@ -1,0 +1,187 @@
+"""The per-machine kernel calibration: where it is cached, what it chose, and a report of it.
+
+One JSON file per machine key (CPU model and instruction-set flags, thread count, torch, oneDNN and
+MKL versions) under ``$KESTREL_CACHE_DIR``, else ``$XDG_CACHE_HOME/kestrel``, else
+``~/.cache/kestrel``, in ``calibration/``. Each file maps a GEMM shape ``M x N x K`` (+bias) to
+the chosen kernel and the rates every candidate reached when it was measured (GFLOP/s). The choice
+is made by :func:`kestrel.std.kernels.measure` the first time a shape runs; :func:`calibrate_model`
+runs a model once to measure every shape it uses ahead of time (``kestrel doctor --model``,
+``kestrel bench``). Delete the directory (or ``kestrel doctor --reset``) to measure again.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..std import kernels
+
+VERSION = 1  # of the file format and of the measuring procedure
+
+
+def cache_dir() -> Path:
+    """Where calibrations are kept (read at call time)."""
+    if os.environ.get("KESTREL_CACHE_DIR"):
+        return Path(os.environ["KESTREL_CACHE_DIR"]).expanduser() / "calibration"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "kestrel" / "calibration"
+    return Path("~/.cache/kestrel/calibration").expanduser()
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def cpu_flags() -> list[str]:
+    """The SIMD-relevant instruction-set flags the kernel libraries dispatch on."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = line.split(":", 1)[1].split()
+                return sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "sse4", "f16c")))
+    except OSError:
+        pass
+    return []
+
+
+@functools.lru_cache(maxsize=1)
+def _static_key() -> tuple[tuple[str, Any], ...]:
+    return (("version", VERSION), ("cpu", cpu_model()), ("flags", cpu_flags()), ("machine", platform.machine()),
+            ("torch", torch.__version__), ("onednn", kernels.onednn_version()), ("mkl", kernels.mkl_version()),
+            ("kernels", sorted(kernels.KERNELS)))
+
+
+def machine_key(threads: int | None = None) -> dict[str, Any]:
+    """Everything a measured choice depends on, besides the shape."""
+    return dict(_static_key()) | {"threads": threads if threads is not None else torch.get_num_threads()}
+
+
+def key_digest(key: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def shape_key(m: int, n: int, k: int, bias: bool) -> str:
+    return f"{m}x{n}x{k}{'+b' if bias else ''}"
+
+
+class Table:
+    """The choices of one machine key, backed by one cache file (written atomically on each new shape)."""
+
+    def __init__(self, key: dict[str, Any], path: Path) -> None:
+        self.key, self.path = key, path
+        self.shapes: dict[str, dict[str, Any]] = {}
+        self.load_error: str | None = None
+        try:
+            data = json.loads(path.read_text())
+            if data.get("key") == key:
+                self.shapes = dict(data.get("shapes", {}))
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as e:  # a corrupt cache is measured again, not trusted
+            self.load_error = f"{path}: {e}"
+
+    def get(self, m: int, n: int, k: int, bias: bool) -> str | None:
+        hit = self.shapes.get(shape_key(m, n, k, bias))
+        return hit["kernel"] if hit else None
+
+    def put(self, m: int, n: int, k: int, bias: bool, result: dict[str, Any]) -> None:
+        self.shapes[shape_key(m, n, k, bias)] = result
+        self.save()
+
+    def save(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".calibration-", suffix=".json")
+            with os.fdopen(fd, "w") as f:
+                json.dump({"key": self.key, "shapes": self.shapes}, f, indent=1, sort_keys=True)
+            os.replace(tmp, self.path)
+        except OSError:  # a read-only home still runs, measuring again next time
+            pass
+
+
+_TABLES: dict[tuple[str, int], Table] = {}
+
+
+def table(threads: int | None = None) -> Table:
+    """The table for this machine at the current (or given) thread count (cheap: called on every linear)."""
+    threads = threads if threads is not None else torch.get_num_threads()
+    where = str(cache_dir())
+    t = _TABLES.get((where, threads))
+    if t is None:
+        key = machine_key(threads)
+        t = _TABLES[(where, threads)] = Table(key, Path(where) / f"{key_digest(key)}.json")
+    return t
+
+
+def forget() -> None:
+    """Drop the in-memory tables (the files stay): the next call reads the cache directory again."""
+    _TABLES.clear()
+
+
+def reset() -> list[Path]:
+    """Delete every cached calibration file; returns what was deleted."""
+    gone = []
+    d = cache_dir()
+    if d.is_dir():
+        for p in d.glob("*.json"):
+            p.unlink(missing_ok=True)
+            gone.append(p)
+    forget()
+    return gone
+
+
+def calibrate_model(call: Callable[[], Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Run ``call`` once (a model entry on example inputs) so every GEMM shape it uses is measured.
+
+    Returns the shapes the call used with their entries, in first-use order.
+    """
+    seen: list[str] = []
+    original = kernels.choose
+
+    def spy(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
+        name = original(x2d, weight, bias)
+        s = shape_key(x2d.shape[0], weight.shape[0], x2d.shape[1], bias is not None)
+        if s not in seen:
+            seen.append(s)
+        return name
+
+    kernels.choose = spy  # type: ignore[assignment]
+    try:
+        with torch.inference_mode():
+            call()
+    finally:
+        kernels.choose = original  # type: ignore[assignment]
+    t = table()
+    return [(s, t.shapes.get(s, {"kernel": kernels.forced() or kernels.DEFAULT, "gflops": {}})) for s in seen]
+
+
+def format_choices(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """One line per shape: the chosen kernel and every candidate's measured rate."""
+    names = list(kernels.KERNELS)
+    head = f"  {'GEMM M x N x K':<22} {'chosen':<11} " + " ".join(f"{n:>11}" for n in names) + "  (GFLOP/s)"
+    out = [head]
+    for s, r in rows:
+        rates = r.get("gflops", {})
+        cells = " ".join(f"{rates[n]:>11.1f}" if n in rates else f"{'-':>11}" for n in names)
+        why = ""
+        if r.get("rejected"):
+            why = "  rejected: " + "; ".join(f"{k} {v}" for k, v in r["rejected"].items())
+        if not rates:
+            why = "  (not measured: small, forced or calibration off)"
+        out.append(f"  {s:<22} {r['kernel']:<11} {cells}{why}")
+    return out

@@ -1,0 +1,380 @@
+"""GEMM kernels for ``ops.linear``: the paths installed here, and the per-shape choice among them.
+
+Which f32 GEMM is fastest depends on the CPU, the libraries, the thread count and the shape: on
+one machine oneDNN ran at twice MKL, on the next it lost by 10%. So nothing here names a vendor or
+a CPU. Every eager ``linear`` call on CPU asks :func:`choose` for its shape ``(M, N, K)``; the first
+time a shape is seen on this machine (this CPU model, thread count and library versions) a short
+calibration times every candidate on that call's own data, interleaved, checks each against
+``F.linear``, keeps the fastest and writes the choice to the user's cache directory
+(:mod:`kestrel.runtime.calibrate` reads and prints it; ``kestrel doctor``).
+
+Candidates (each a real library path torch ships):
+
+    torch        ``F.linear``: torch's default (addmm, MKL's sgemm on x86 builds)
+    onednn       oneDNN's matmul primitive (``torch.ops.mkldnn._linear_pointwise``)
+    mkl-packed   MKL's packed GEMM (``torch.ops.mkl._mkl_linear``): the weight pre-packed once per
+                 (weight, rows), as inductor's freezing does; costs a packed copy of the weight, so it
+                 is a candidate only with ``KESTREL_WEIGHT_COPIES=1``
+
+Compiled, traced and exported graphs, autograd, other dtypes and devices always take ``F.linear``
+(inductor makes its own choice there). ``KESTREL_LINEAR=torch|onednn|mkl-packed`` forces one path;
+``KESTREL_CALIBRATE=0`` turns calibration off (unseen shapes then take ``torch``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+DEFAULT = "torch"
+# shapes under this many FLOPs are not worth timing: they run torch's default
+MIN_CALIBRATED_FLOPS = 2e6
+# calibration of one shape: at most this many rows of the call's input, about this many seconds
+CAL_ROWS = 2048
+CAL_BUDGET_S = 0.4
+CAL_ROUNDS = (3, 12)  # at least, at most
+# a candidate replaces torch's default only when it is this much faster (noise on shared machines);
+# one that keeps a copy of every weight (more memory) only when it beats the others by COPY_MARGIN
+MARGIN = 0.03
+COPY_MARGIN = 0.10
+# a candidate must match F.linear to this relative error (max |diff| / max |ref|) to be eligible
+CHECK_TOL = 1e-5
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One GEMM path: ``run(x2d, weight, bias)`` computes ``x2d @ weight.T + bias``."""
+
+    name: str
+    library: str
+    run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+    copies_weight: bool = False  # holds a re-laid-out copy of each weight it runs (memory)
+
+
+def _torch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(x, w, b)
+
+
+def _onednn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+
+
+# packed MKL weights: id(weight) -> (weakref, version, {rows: packed})
+_PACKED: dict[int, tuple[weakref.ref, int, dict[int, torch.Tensor]]] = {}
+
+
+def _version(t: torch.Tensor) -> int:
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor has no version counter, and cannot change in place
+        return -1
+
+
+def _packed(w: torch.Tensor, rows: int) -> torch.Tensor:
+    entry = _PACKED.get(id(w))
+    if entry is None or entry[0]() is not w or entry[1] != _version(w):
+        key = id(w)
+        entry = (weakref.ref(w, lambda _r, k=key: _PACKED.pop(k, None)), _version(w), {})
+        _PACKED[key] = entry
+    table = entry[2]
+    if rows not in table:
+        table[rows] = torch.ops.mkl._mkl_reorder_linear_weight(w, rows)
+    return table[rows]
+
+
+def _mkl_packed(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    rows = x.shape[0]
+    return torch.ops.mkl._mkl_linear(x, _packed(w, rows), w, b, rows)
+
+
+def _available() -> dict[str, Kernel]:
+    out = {"torch": Kernel("torch", "torch default (addmm)", _torch)}
+    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        out["onednn"] = Kernel("onednn", f"oneDNN {onednn_version()}", _onednn)
+    if torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear"):
+        out["mkl-packed"] = Kernel("mkl-packed", f"MKL {mkl_version()} packed GEMM", _mkl_packed, copies_weight=True)
+    return out
+
+
+def _config_line(prefix: str) -> str:
+    for line in torch.__config__.show().splitlines():
+        if prefix in line:
+            return line
+    return ""
+
+
+@functools.lru_cache(maxsize=1)
+def onednn_version() -> str:
+    line = _config_line("MKL-DNN v") or _config_line("oneDNN v")
+    return line.split(" v", 1)[1].split()[0] if " v" in line else "?"
+
+
+@functools.lru_cache(maxsize=1)
+def mkl_version() -> str:
+    line = _config_line("Math Kernel Library Version")
+    return line.split("Version", 1)[1].split()[0] if "Version" in line else "?"
+
+
+KERNELS: dict[str, Kernel] = _available()
+
+
+# -------------------------------------------------------------------------------- the choice
+
+
+def forced() -> str | None:
+    """The kernel ``KESTREL_LINEAR`` forces, or None (``KESTREL_ONEDNN=0`` still means torch)."""
+    name = os.environ.get("KESTREL_LINEAR", "").strip()
+    if not name and os.environ.get("KESTREL_ONEDNN") == "0":
+        return "torch"
+    if not name or name == "auto":
+        return None
+    if name not in KERNELS:
+        raise ValueError(f"KESTREL_LINEAR={name!r}: not a kernel here; available: {', '.join(KERNELS)} or auto")
+    return name
+
+
+def copies_allowed() -> bool:
+    """Kernels that keep a re-laid-out copy of every weight they run (``mkl-packed``) cost memory; a
+    measured run (ViT-B/16, batch 8) had them add ~400 MB, well above transformers' peak. They are
+    candidates only with ``KESTREL_WEIGHT_COPIES=1`` (or forced with ``KESTREL_LINEAR``)."""
+    return os.environ.get("KESTREL_WEIGHT_COPIES", "0") == "1"
+
+
+def calibration_enabled() -> bool:
+    return os.environ.get("KESTREL_CALIBRATE", "1") != "0"
+
+
+def choose(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
+    """The kernel for this call's shape: forced, cached, calibrated now, or torch's default."""
+    name = forced()
+    if name is not None:
+        return name
+    from ..runtime import calibrate
+
+    m, k = x2d.shape
+    n = weight.shape[0]
+    table = calibrate.table()
+    hit = table.get(m, n, k, bias is not None)
+    if hit is not None and hit in KERNELS:
+        return hit
+    if not calibration_enabled() or 2.0 * m * n * k < MIN_CALIBRATED_FLOPS or len(KERNELS) == 1:
+        return DEFAULT
+    result = measure(x2d, weight, bias)
+    table.put(m, n, k, bias is not None, result)
+    return result["kernel"]
+
+
+def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            kernels: Sequence[str] | None = None, budget_s: float = CAL_BUDGET_S) -> dict[str, Any]:
+    """Time every candidate on (up to CAL_ROWS rows of) this input, interleaved; check each against F.linear.
+
+    Returns ``{"kernel": chosen, "gflops": {name: best rate}, "rejected": {name: why}, "rows": timed rows}``.
+    """
+    names = list(kernels or [n for n, k in KERNELS.items() if copies_allowed() or not k.copies_weight])
+    x = x2d[:CAL_ROWS]
+    m, k = x.shape
+    n = weight.shape[0]
+    flops = 2.0 * m * n * k
+    ref = F.linear(x, weight, bias)
+    scale = float(ref.abs().max()) or 1.0
+    rejected: dict[str, str] = {}
+    live: list[str] = []
+    for name in names:
+        try:
+            out = KERNELS[name].run(x, weight, bias)
+            err = float((out - ref).abs().max()) / scale
+        except Exception as e:  # a library that refuses this shape is simply not a candidate
+            rejected[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
+            continue
+        if not err <= CHECK_TOL:
+            rejected[name] = f"differs from F.linear by {err:.1e}"
+            continue
+        live.append(name)
+    best = {name: float("inf") for name in live}
+    lo, hi = CAL_ROUNDS
+    start = time.perf_counter()
+    for r in range(hi):
+        for name in (live if r % 2 == 0 else live[::-1]):  # alternate the order: no seat is favoured
+            run = KERNELS[name].run
+            t = time.perf_counter()
+            run(x, weight, bias)
+            best[name] = min(best[name], time.perf_counter() - t)
+        if r + 1 >= lo and time.perf_counter() - start > budget_s:
+            break
+    _PACKED.pop(id(weight), None)  # packed copies made for timing: the chosen kernel packs its own
+    gflops = {name: flops / t / 1e9 for name, t in best.items()}
+    chosen = _pick(gflops)
+    return {"kernel": chosen, "gflops": {nm: round(v, 2) for nm, v in gflops.items()}, "rejected": rejected,
+            "rows": m}
+
+
+def _pick(gflops: dict[str, float]) -> str:
+    """The fastest in-place kernel (torch's default unless beaten by MARGIN), unless one that copies the
+    weights beats it by COPY_MARGIN."""
+    free = {n: r for n, r in gflops.items() if not KERNELS[n].copies_weight}
+    copying = {n: r for n, r in gflops.items() if KERNELS[n].copies_weight}
+    chosen = max(free, key=lambda n: free[n]) if free else DEFAULT
+    if DEFAULT in free and free[chosen] < free[DEFAULT] * (1 + MARGIN):
+        chosen = DEFAULT
+    best_copy = max(copying, key=lambda n: copying[n]) if copying else None
+    if best_copy is not None and copying[best_copy] > gflops.get(chosen, 0.0) * (1 + COPY_MARGIN):
+        chosen = best_copy
+    return chosen
+
+
+# ---------------------------------------------------------------------------------- the kernels
+
+
+def eager_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Plain eager f32 inference on CPU: the calls that may take a calibrated kernel."""
+    # dynamo models type(x) as torch.Tensor, hence the explicit is_compiling(): compiled graphs
+    # keep F.linear, which inductor lowers (and may hand to oneDNN itself with frozen weights)
+    return (not torch.compiler.is_compiling()
+            and type(x) is torch.Tensor and type(weight) in (torch.Tensor, torch.nn.Parameter)
+            and x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu"
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` over the last axis, through the kernel chosen for this shape."""
+    if not eager_ok(x, weight) or x.numel() == 0:
+        return F.linear(x, weight, bias)
+    x2d = x.reshape(-1, x.shape[-1])
+    if not x2d.is_contiguous():
+        x2d = x2d.contiguous()
+    if id(weight) in _INT8:
+        packed = _int8_packed(weight, bias)
+        if packed is not None:
+            y = torch.ops.quantized.linear_dynamic(x2d, packed, True)
+            return y.view(*x.shape[:-1], weight.shape[0])
+    name = choose(x2d, weight, bias)
+    if name == DEFAULT:
+        return F.linear(x, weight, bias)
+    return KERNELS[name].run(x2d, weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+
+# ------------------------------------------------------------------------- int8 (opt-in, not exact)
+
+# weights marked for int8 dynamic quantisation: id -> (weakref, {id(bias): packed})
+_INT8: dict[int, tuple[weakref.ref, dict[int, Any]]] = {}
+
+
+def mark_int8(weight: torch.Tensor) -> None:
+    """Run this weight's products as int8 dynamic quantisation (opt-in: ``kestrel.load(..., quantize="int8")``).
+
+    Weights are quantised per output channel to int8 at their first call; activations per call, per
+    tensor (reduce_range, so AVX2's 16-bit intermediate sums cannot saturate). Not exact: the
+    accuracy against f32 is in the README.
+    """
+    key = id(weight)
+    if key not in _INT8:
+        _INT8[key] = (weakref.ref(weight, lambda _r, k=key: _INT8.pop(k, None)), {})
+
+
+def int8_available() -> bool:
+    return hasattr(torch.ops.quantized, "linear_dynamic") and bool(torch.backends.quantized.supported_engines)
+
+
+def _int8_packed(weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+    ref, table = _INT8[id(weight)]
+    if ref() is not weight:
+        return None
+    key = id(bias) if bias is not None else 0
+    if key not in table:
+        w = weight.detach().float()
+        scales = (w.abs().amax(dim=1).clamp_min(1e-12) / 127).double()
+        zeros = torch.zeros(w.shape[0], dtype=torch.long)
+        import warnings
+
+        with warnings.catch_warnings():  # torch deprecates quantised tensors; the packed kernels stay
+            warnings.simplefilter("ignore")
+            q = torch.quantize_per_channel(w, scales, zeros, 0, torch.qint8)
+            table[key] = torch.ops.quantized.linear_prepack(q, None if bias is None else bias.detach().float())
+    return table[key]
+
+
+# --------------------------------------------------------------------------- fused projections
+
+
+def adjacent(parts: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """The concatenation along axis 0 as a view, when the parts already lie end to end in one storage."""
+    first = parts[0]
+    if not all(p.is_contiguous() and p.dtype == first.dtype and p.device == first.device
+               and p.shape[1:] == first.shape[1:] for p in parts):
+        return None
+    try:
+        ptr = first.untyped_storage().data_ptr()
+        if any(p.untyped_storage().data_ptr() != ptr for p in parts):
+            return None
+    except (RuntimeError, NotImplementedError):  # fake, meta or functional tensors
+        return None
+    offset = first.storage_offset()
+    for p in parts:
+        if p.storage_offset() != offset:
+            return None
+        offset += p.numel()
+    rows = sum(p.shape[0] for p in parts)
+    return first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
+
+
+# the concatenations made by fuse_in_place, one object per group of parts (kernels cache by identity)
+_WHOLE: dict[tuple[int, ...], torch.Tensor] = {}
+
+
+def fuse_in_place(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Concatenate along axis 0 once and make each part a view of the result (same numbers, no extra memory).
+
+    Parameters keep their objects, names and values: only their storage moves. Later calls get the
+    same concatenated tensor back without copying, as long as the parts still lie end to end.
+    """
+    key = tuple(id(p) for p in parts)
+    whole = adjacent(parts)
+    cached = _WHOLE.get(key)
+    if (whole is not None and cached is not None and cached.data_ptr() == whole.data_ptr()
+            and cached.shape == whole.shape):
+        return cached
+    if whole is None:
+        with torch.inference_mode(False), torch.no_grad():  # normal tensors, even in inference mode
+            whole = torch.cat([p.detach() for p in parts], dim=0)
+            start = 0
+            for p in parts:
+                p.data = whole[start:start + p.shape[0]]
+                start += p.shape[0]
+    if any(id(p) in _INT8 for p in parts):
+        mark_int8(whole)
+    _WHOLE[key] = whole
+    weakref.finalize(parts[0], _WHOLE.pop, key, None)
+    return whole
+
+
+def fused_linear(x: torch.Tensor, weights: Sequence[torch.Tensor],
+                 biases: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor, ...]:
+    """Several projections of one input as one GEMM: ``linear(x, cat(weights), cat(biases))``, split."""
+    sizes = [w.shape[0] for w in weights]
+    has_bias = [b is not None for b in biases]
+    if not any(has_bias):
+        bias = None
+    elif not all(has_bias):
+        bias = torch.cat([b if b is not None else weights[i].new_zeros(sizes[i]) for i, b in enumerate(biases)])
+    else:
+        bias = None
+    params = [*weights, *(b for b in biases if b is not None)]
+    eager = (eager_ok(x, weights[0]) and not any(p.requires_grad for p in params)
+             and all(type(p) in (torch.Tensor, torch.nn.Parameter) for p in params))
+    if eager:
+        weight = fuse_in_place(weights)
+        if all(has_bias):
+            bias = fuse_in_place(biases)  # type: ignore[arg-type]
+    else:  # traced, compiled or trained: plain concatenation, which inductor's freezing folds
+        weight = torch.cat(list(weights), dim=0)
+        if all(has_bias):
+            bias = torch.cat(list(biases), dim=0)  # type: ignore[arg-type]
+    return tuple(torch.split(linear(x, weight, bias), sizes, dim=-1))

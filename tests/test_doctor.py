@@ -1,0 +1,81 @@
+"""``kestrel doctor`` and ``kestrel bench``, example inputs from declared types, and ``load(compile=True)``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import SamConfig, SamModel, ViTConfig, ViTForImageClassification
+
+import kestrel
+from kestrel.cli.main import main
+from kestrel.runtime import calibrate
+from kestrel.runtime.examples import entry_names, example_inputs
+from reference import rel_diff, seeded
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KESTREL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("KESTREL_LINEAR", raising=False)
+    calibrate.forget()
+    yield
+    calibrate.forget()
+
+
+@pytest.fixture
+def vit_dir(tmp_path):
+    cfg = ViTConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=128, image_size=32,
+                    patch_size=8, num_labels=5)
+    seeded(lambda: ViTForImageClassification(cfg)).save_pretrained(tmp_path / "vit")
+    return tmp_path / "vit"
+
+
+def test_doctor_prints_rates_and_the_choice_per_shape(vit_dir, capsys):
+    assert main(["doctor", "--threads", "1", "--size", "256", "--model", str(vit_dir), "--batch", "40"]) == 0
+    out = capsys.readouterr().out
+    assert calibrate.cpu_model() in out and "1 thread(s): torch" in out
+    assert "680x192x64+b" in out and "chosen" in out  # the fused q/k/v GEMM at 40 x 17 rows
+    files = list(calibrate.cache_dir().glob("*.json"))
+    assert len(files) == 1  # one machine key: this CPU, 1 thread, these libraries
+    assert main(["doctor", "--reset"]) == 0
+    assert not list(calibrate.cache_dir().glob("*.json"))
+
+
+def test_bench_times_an_entry(vit_dir, capsys):
+    assert main(["bench", str(vit_dir), "--batch", "1,2", "--repeat", "1", "--entry", "features", "-v"]) == 0
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if ln.startswith("eager")]
+    assert len(lines) == 2 and lines[1].split()[1] == "2"
+    assert "GEMM M x N x K" in out
+    assert main(["bench", str(vit_dir), "--entry", "nope"]) != 0
+
+
+def test_example_inputs_follow_the_declared_types(vit_dir):
+    model = kestrel.load(vit_dir)
+    assert entry_names(model) == ["forward", "features"]
+    (x,) = example_inputs(model, "forward", batch=3)
+    assert x.shape == (3, 3, 32, 32) and x.dtype == torch.float32
+    sam = SamModel(SamConfig(vision_config=dict(hidden_size=32, num_attention_heads=2, mlp_dim=64, output_channels=32,
+                                                num_pos_feats=16),
+                             prompt_encoder_config=dict(hidden_size=32),
+                             mask_decoder_config=dict(hidden_size=32, num_attention_heads=2, mlp_dim=64,
+                                                      iou_head_hidden_dim=32)))
+    sam_dir = vit_dir.parent / "sam"
+    sam.save_pretrained(sam_dir)
+    ours = kestrel.load(sam_dir)
+    emb, points, labels = example_inputs(ours, "decode_points", batch=2)
+    assert emb.shape == (2, 32, 64, 64) and points.shape == (2, 1, 1, 2) and labels.dtype == torch.int32
+    with torch.no_grad():
+        masks, _ = ours.decode_points(emb, points, labels)
+    assert masks.shape == (2, 1, 4, 256, 256)
+
+
+def test_compiled_entries_match_eager(vit_dir):
+    eager = kestrel.load(vit_dir)
+    compiled = kestrel.load(vit_dir, compile=True)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        want = eager.forward(x)
+    assert rel_diff(compiled.forward(x), want) <= 1e-5
+    with pytest.raises(kestrel.blocks.EntryError, match="axis 2 is 31"):  # inputs still checked
+        compiled.forward(torch.randn(2, 3, 31, 32))
