@@ -54,6 +54,16 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         errors.append(TokenizerError)
     except ImportError:  # pragma: no cover
         pass
+    from ..pipelines.datasets import SourceError
+    from ..scale.output import OutputError
+
+    errors += [SourceError, OutputError]
+    try:
+        from ..scale.ray_engine import RayUnavailableError
+
+        errors.append(RayUnavailableError)
+    except ImportError:  # pragma: no cover
+        pass
     try:
         from ..export.onnx import ExportError
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from ..models.cards import CardError
+from .datasets import DATASET_HELP, add_dataset_args
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -56,6 +57,13 @@ def _needs_text_model(model, command: str) -> None:
 def cmd_embed(args: argparse.Namespace) -> int:
     import torch
 
+    from .datasets import is_dataset_out, run_dataset
+
+    if is_dataset_out(args.out):
+        if args.text:
+            raise CardError("--text writes one .safetensors file: give --out FILE.safetensors")
+        return run_dataset(args, "embed", args.inputs, pool=args.pool, size=args.size)
+
     from ..pipelines.tasks import embed_images
     from ..pipelines.zero_shot import encode_texts
     from ..runtime.checkpoint import save_tensors
@@ -98,8 +106,16 @@ def _split_images_and_texts(items: list[str]) -> tuple[list[Path], list[str]]:
 def cmd_zero_shot(args: argparse.Namespace) -> int:
     from ..pipelines.tasks import preprocess_for
     from ..pipelines.zero_shot import zero_shot
+    from .datasets import is_dataset_out, run_dataset
 
-    images, texts = _split_images_and_texts(args.items)
+    if is_dataset_out(args.out):
+        if not args.labels:
+            raise CardError("dataset mode (--out DIR) takes the texts with --labels A B C")
+        return run_dataset(args, "zero-shot", args.items, labels=tuple(args.labels), template=args.template)
+    if args.labels:
+        images, texts = expand_paths(args.items), list(args.labels)
+    else:
+        images, texts = _split_images_and_texts(args.items)
     if not images:
         raise CardError(f"no image found among the arguments: {args.items[0]!r} is not a file or directory")
     if not texts:
@@ -153,28 +169,47 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     _common(p, "vit-base-patch16-224")
     p.set_defaults(run=cmd_classify)
 
-    p = sub.add_parser("embed", help="write image features to a safetensors file",
+    p = sub.add_parser("embed", help="image features to a safetensors file, or a dataset to Parquet shards",
                        description="Features of every image (class token, mean of patch tokens, or all patch "
-                                   "tokens), saved with the image paths in the file's metadata.",
-                       epilog="example: kestrel embed photos/ --model dinov2-base --out feats.safetensors")
-    p.add_argument("inputs", nargs="*", metavar="PATH", help="image files or directories")
+                                   "tokens). With --out FILE.safetensors: one tensor, the image paths in the "
+                                   "file's metadata. With --out DIR: dataset mode (below).",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=DATASET_HELP + "\nexamples:\n"
+                              "  kestrel embed photos/ --model dinov2-base --out feats.safetensors\n"
+                              "  kestrel embed photos/ --model dinov2-base --out feats/ --engine ray --workers 2\n"
+                              "  kestrel embed index.parquet --model dinov2-base --out feats/ --engine ray "
+                              "--address auto")
+    p.add_argument("inputs", nargs="*", metavar="SOURCE",
+                   help="image files or folders; in dataset mode also list files and .parquet/.csv tables")
     p.add_argument("--text", nargs="+", metavar="TEXT", help="embed these texts instead (SigLIP)")
     p.add_argument("--template", help="format each text with this template, e.g. 'a photo of {}.'")
-    p.add_argument("--out", required=True, metavar="FILE", help="output .safetensors file")
+    p.add_argument("--out", required=True, metavar="FILE|DIR",
+                   help="FILE.safetensors: one features tensor; DIR: Parquet shards (dataset mode)")
     p.add_argument("--pool", default="cls", choices=["cls", "mean", "patch"], help="which features (default cls)")
     p.add_argument("--size", type=int, help="run at this square image size (DINOv2: a multiple of the patch)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _common(p, None)
+    add_dataset_args(p)
     p.set_defaults(run=cmd_embed)
 
     p = sub.add_parser("zero-shot", help="score free-text labels against images (SigLIP)",
-                       usage="kestrel zero-shot IMAGE... TEXT... [--template T] [--model NAME|DIR] [options]",
+                       usage="kestrel zero-shot IMAGE... --labels TEXT... [--template T] [--out DIR] [options]",
                        description="Sigmoid probability that each text describes each image. SigLIP scores pairs "
-                                   "independently, so an image's probabilities need not sum to one.",
-                       epilog='example: kestrel zero-shot cat.jpg "a cat" "a dog" --template "a photo of {}."')
-    p.add_argument("items", nargs="+", metavar="IMAGE/TEXT", help="image files or directories, then the texts")
+                                   "independently, so an image's probabilities need not sum to one. With --out "
+                                   "DIR: dataset mode (below), a scores column in label order and the best label.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=DATASET_HELP + '\nexamples:\n'
+                              '  kestrel zero-shot cat.jpg --labels "a cat" "a dog" --template "a photo of {}."\n'
+                              '  kestrel zero-shot photos/ --labels cat dog --out scores/ --engine ray')
+    p.add_argument("items", nargs="+", metavar="IMAGE",
+                   help="image files or folders (dataset mode: also list files and tables); without --labels, "
+                        "the texts follow the images")
+    p.add_argument("--labels", nargs="+", metavar="TEXT", help="the candidate texts")
     p.add_argument("--template", help="format each text with this template (must contain {})")
+    p.add_argument("--out", metavar="DIR", help="dataset mode: write Parquet shards to DIR")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     _common(p, "siglip-base-patch16-224")
+    add_dataset_args(p)
     p.set_defaults(run=cmd_zero_shot)
 
     p = sub.add_parser("similarity", help="a table of image x text scores (SigLIP)",

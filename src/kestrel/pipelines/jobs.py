@@ -109,7 +109,7 @@ class ShardTask:
         self.preprocess = preprocess_for(self.model) if spec.task != "segment-everything" else None
         self.height = int(self.model.generics.get("Height", 0))
         self.width = int(self.model.generics.get("Width", 0))
-        self.name = spec.model if spec.weights is None and not Path(spec.model).is_dir() else self.model.loaded.name
+        self.name = spec.model  # the card name, or the checkpoint folder as given
         self.text_embeds: torch.Tensor | None = None
         self._schema: Any = None
         if spec.task == "zero-shot":

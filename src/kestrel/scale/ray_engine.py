@@ -125,7 +125,8 @@ def run_ray(spec: JobSpec, shards: Sequence[Shard], workers: int | None = None, 
                                  override_num_blocks=len(shards))
         settings = spec.settings()
         ds = ds.map_batches(ShardWorker, batch_size=1, batch_format="pyarrow",
-                            compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=threads, fn_constructor_kwargs={"spec": settings, "threads": threads})
+                            compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=threads,
+                            fn_constructor_kwargs={"spec": settings, "threads": threads})
         for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
             for row in batch.to_pylist():
                 yield by_index[row["shard"]], _decode(row)
