@@ -19,6 +19,8 @@ from kestrel.pipelines.jobs import JobSpec
 from kestrel.scale import run_job
 from kestrel.scale.output import OutputError
 from reference import rel_diff, seeded
+from test_cli_siglip import siglip_dir  # noqa: F401  (fixture)
+from test_siglip import spiece_model  # noqa: F401  (module-scoped fixture)
 
 
 def make_photos(root, n: int = 14):
@@ -138,3 +140,27 @@ def test_bad_dataset_arguments_are_one_line(dataset, tmp_path, capsys):
     assert "none.csv does not exist" in capsys.readouterr().err
     assert main(["embed", str(photos), "--model", str(model), "--out", str(tmp_path / "o"), "--workers", "2"]) == 2
     assert "--workers need --engine ray" in capsys.readouterr().err
+
+
+def test_zero_shot_dataset_scores_equal_kestrel_zero_shot(siglip_dir, tmp_path):  # noqa: F811
+    from kestrel import load
+    from kestrel.pipelines.tasks import preprocess_for
+    from kestrel.pipelines.tokenizer import SiglipTextTokenizer
+    from kestrel.pipelines.zero_shot import zero_shot
+
+    d, paths, out = siglip_dir
+    labels = ["dog", "a red car", "sleeping cat"]
+    folder = paths[0].parent
+    assert main(["zero-shot", *map(str, paths), "--labels", *labels, "--template", "a photo of {}.", "--model",
+                 str(d), "--out", str(tmp_path / "scores"), "--batch-size", "2", "--quiet"]) == 0
+    t = table(tmp_path / "scores")
+    assert t.column("path").to_pylist() == [str(p) for p in paths] and folder.is_dir()
+    scores = torch.from_numpy(np.stack(t.column("scores").to_numpy(zero_copy_only=False)))
+    model = load(d)
+    tok = SiglipTextTokenizer.from_dir(d, max_length=model.generics["MaxPositions"])
+    want = zero_shot(model, paths, labels, tok, preprocess_for(model), "a photo of {}.")
+    assert float((scores - want).abs().max()) <= 1e-6
+    assert rel_diff(scores, torch.sigmoid(out.logits_per_image)) <= 1e-4
+    assert t.column("label").to_pylist() == [labels[k] for k in want.argmax(1).tolist()]
+    job = json.loads(t.schema.metadata[b"kestrel.job"])
+    assert job["labels"] == labels and job["template"] == "a photo of {}."
