@@ -140,6 +140,14 @@ def test_bad_dataset_arguments_are_one_line(dataset, tmp_path, capsys):
     assert "none.csv does not exist" in capsys.readouterr().err
     assert main(["embed", str(photos), "--model", str(model), "--out", str(tmp_path / "o"), "--workers", "2"]) == 2
     assert "--workers need --engine ray" in capsys.readouterr().err
+    assert main(["zero-shot", str(photos), "--labels", "cat", "--model", str(model), "--out", str(tmp_path / "z")]) == 2
+    assert "zero-shot needs an image-text model" in capsys.readouterr().err and not (tmp_path / "z").exists()
+    from kestrel.scale.ray_engine import _user_error
+
+    report = "ray.exceptions.RayTaskError(UserCodeException): ...\nTraceback ...\n" \
+             "kestrel.runtime.checkpoint.CheckpointError: model.safetensors is cut short\nUDF failed"
+    assert str(_user_error(RuntimeError(report))) == "in a Ray worker: model.safetensors is cut short (CheckpointError)"
+    assert _user_error(RuntimeError("ray.exceptions.ActorDiedError: the node died")) is None
 
 
 def test_zero_shot_dataset_scores_equal_kestrel_zero_shot(siglip_dir, tmp_path):  # noqa: F811

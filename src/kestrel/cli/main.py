@@ -59,9 +59,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
     errors += [SourceError, OutputError]
     try:
-        from ..scale.ray_engine import RayUnavailableError
+        from ..scale.ray_engine import RayUnavailableError, WorkerError
 
-        errors.append(RayUnavailableError)
+        errors += [RayUnavailableError, WorkerError]
     except ImportError:  # pragma: no cover
         pass
     try:

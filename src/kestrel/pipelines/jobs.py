@@ -59,12 +59,22 @@ class JobSpec:
 
 
 def resolve_revision(spec: JobSpec) -> JobSpec:
-    """The spec with ``revision`` set: the card's pinned revision, or a sha256 of a directory's weights."""
+    """The spec with ``revision`` set: the card's pinned revision, or a sha256 of a directory's weights.
+
+    It also checks, without reading weights, that the model suits the task (zero-shot needs a text tower),
+    so that a wrong model fails here rather than in every worker.
+    """
     from dataclasses import replace
 
-    from ..runtime.load import resolve
+    from ..models.cards import CardError, family_for_config
+    from ..runtime.load import read_config, resolve
 
     directory, card = resolve(spec.model, spec.weights)
+    config = read_config(Path(directory))
+    family = family_for_config(config, Path(directory))
+    if spec.task == "zero-shot" and not hasattr(family.root(config), "text_features"):
+        raise CardError(f"zero-shot needs an image-text model such as siglip-base-patch16-224; {spec.model} "
+                        f"({family.name}) has no text tower")
     if card is not None and spec.weights is None:
         return replace(spec, revision=card.revision)
     return replace(spec, revision="sha256:" + weights_digest(Path(directory))[:16])

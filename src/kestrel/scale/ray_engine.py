@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,11 +43,18 @@ class ShardWorker:
         from ..pipelines.jobs import JobSpec, open_task
 
         os.environ["OMP_NUM_THREADS"] = str(threads)
-        self.task = open_task(JobSpec(**{**spec, "labels": tuple(spec["labels"]),
-                                         "options": tuple(spec["options"].items())}), threads)
+        self.error: Exception | None = None
+        try:
+            self.task = open_task(JobSpec(**{**spec, "labels": tuple(spec["labels"]),
+                                             "options": tuple(spec["options"].items())}), threads)
+        except Exception as e:  # raised from the first call, where Ray keeps it as the cause (not only its text)
+            self.error = e
 
     def __call__(self, batch: Any) -> Any:
         import pyarrow as pa
+
+        if self.error is not None:
+            raise self.error
 
         out: dict[str, list] = {"shard": [], "rows": [], "failures": [], "stats": []}
         for index, paths in zip(batch["shard"].to_pylist(), batch["paths"].to_pylist()):
@@ -68,6 +76,22 @@ def _decode(row: dict[str, Any]) -> ShardResult:
     table = pa.ipc.open_stream(pa.py_buffer(row["rows"])).read_all()
     seconds, worker, cpu, rss = json.loads(row["stats"])
     return ShardResult(table, [tuple(f) for f in json.loads(row["failures"])], seconds, worker, cpu, rss)
+
+
+class WorkerError(RuntimeError):
+    """A Kestrel error raised in a Ray worker, as the driver sees it (Ray keeps its type name and text)."""
+
+
+def _user_error(e: BaseException) -> BaseException | None:
+    """The last ``kestrel.<...>Error: message`` line in Ray's report of a worker failure, as one error.
+
+    Ray Data wraps what a worker raised and sends the original only as text, so the type is matched there.
+    """
+    found = re.findall(r"^(kestrel\.[\w.]+(?:Error|Exception)): (.+)$", str(e), flags=re.M)
+    if not found:
+        return None
+    name, message = found[-1]
+    return WorkerError(f"in a Ray worker: {message} ({name.rsplit('.', 1)[-1]})")
 
 
 def kestrel_path_env() -> dict[str, str]:
@@ -127,9 +151,15 @@ def run_ray(spec: JobSpec, shards: Sequence[Shard], workers: int | None = None, 
         ds = ds.map_batches(ShardWorker, batch_size=1, batch_format="pyarrow",
                             compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=threads,
                             fn_constructor_kwargs={"spec": settings, "threads": threads})
-        for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
-            for row in batch.to_pylist():
-                yield by_index[row["shard"]], _decode(row)
+        try:
+            for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+                for row in batch.to_pylist():
+                    yield by_index[row["shard"]], _decode(row)
+        except Exception as e:
+            cause = _user_error(e)
+            if cause is None:
+                raise
+            raise cause from None
     finally:
         if started:
             ray.shutdown()
