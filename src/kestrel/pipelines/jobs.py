@@ -75,6 +75,9 @@ def resolve_revision(spec: JobSpec) -> JobSpec:
     if spec.task == "zero-shot" and not hasattr(family.root(config), "text_features"):
         raise CardError(f"zero-shot needs an image-text model such as siglip-base-patch16-224; {spec.model} "
                         f"({family.name}) has no text tower")
+    if spec.task == "segment-everything" and family.name != "sam":
+        raise CardError(f"segment --everything needs a SAM model such as sam-vit-base; {spec.model} is of family "
+                        f"{family.name!r}")
     if card is not None and spec.weights is None:
         return replace(spec, revision=card.revision)
     return replace(spec, revision="sha256:" + weights_digest(Path(directory))[:16])
@@ -116,7 +119,13 @@ class ShardTask:
         self.spec = spec
         generics = {"Height": spec.size, "Width": spec.size} if spec.size else {}
         self.model = load(spec.model, weights=spec.weights, dtype=spec.dtype, device=spec.device, **generics)
-        self.preprocess = preprocess_for(self.model) if spec.task != "segment-everything" else None
+        if spec.task == "segment-everything":
+            from .segment import segmenter_for
+
+            self.segmenter, self.preprocess = segmenter_for(self.model), None
+        else:
+            self.preprocess = preprocess_for(self.model)
+        # the model's input size (segment-everything: each image's own size, the size of its masks)
         self.height = int(self.model.generics.get("Height", 0))
         self.width = int(self.model.generics.get("Width", 0))
         self.name = spec.model  # the card name, or the checkpoint folder as given
@@ -173,9 +182,8 @@ class ShardTask:
         common = {"model": [self.name] * n, "revision": [self.spec.revision] * n,
                   "height": [self.height] * n, "width": [self.width] * n}
         if self.spec.task == "segment-everything":
-            from .everything import everything_rows  # type: ignore[import-not-found]
-
-            return {"path": paths, "masks": everything_rows(self.model, images, dict(self.spec.options)), **common}
+            return {"path": paths, "masks": [self._everything(image) for image in images], **common,
+                    "height": [im.height for im in images], "width": [im.width for im in images]}
         p = next(self.model.parameters())
         pixels = self.preprocess(images).to(p.device, p.dtype)  # type: ignore[misc]
         if self.spec.task == "embed":
@@ -189,6 +197,14 @@ class ShardTask:
         scores = ops.sigmoid(logits.transpose(0, 1)).float().cpu()
         best = [self.spec.labels[k] for k in scores.argmax(1).tolist()]
         return {"path": paths, "scores": _fixed_lists(scores), "label": pa.array(best, pa.string()), **common}
+
+    def _everything(self, image: Any) -> list[dict[str, Any]]:
+        """Segment-everything masks of one image as COCO annotations (``segmentation`` in COCO RLE)."""
+        from .mask_generation import generate_masks
+        from .rle import coco_annotations
+
+        result = generate_masks(self.segmenter, image, **dict(self.spec.options))
+        return [{k: v for k, v in ann.items() if k != "id"} for ann in coco_annotations(result)["annotations"]]
 
     def schema(self) -> Any:
         """The Arrow schema of this task's rows, with the job settings in its metadata."""
@@ -206,9 +222,12 @@ class ShardTask:
             fields = [("path", pa.string()), ("scores", pa.list_(pa.float32(), len(self.spec.labels))),
                       ("label", pa.string()), *common]
         else:
-            from .everything import RLE_SCHEMA  # type: ignore[import-not-found]
-
-            fields = [("path", pa.string()), ("masks", pa.list_(RLE_SCHEMA)), *common]
+            f64 = pa.float64()
+            mask = pa.struct([("segmentation", pa.struct([("size", pa.list_(pa.int32(), 2)), ("counts", pa.string())])),
+                              ("area", pa.int64()), ("bbox", pa.list_(f64, 4)), ("predicted_iou", f64),
+                              ("stability_score", f64), ("point_coords", pa.list_(pa.list_(f64, 2))),
+                              ("crop_box", pa.list_(f64, 4))])
+            fields = [("path", pa.string()), ("masks", pa.list_(mask)), *common]
         meta = {"kestrel.job": json.dumps(self.spec.settings())}
         if self.spec.task == "embed":
             meta["kestrel.features_shape"] = json.dumps(list(self.feature_shape()))
