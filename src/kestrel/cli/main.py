@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import models, tasks
+from . import models, segment, tasks
 
 EPILOG = """examples:
   kestrel check                                  type-check every model, no weights needed
@@ -15,6 +15,7 @@ EPILOG = """examples:
   kestrel classify cat.jpg --weights DIR         ViT-B/16 top-5 labels
   kestrel embed photos/ --model dinov2-base --out feats.safetensors
   kestrel export vit-base-patch16-224 --target onnx --out out/
+  kestrel segment photo.jpg --point 500,375      SAM mask PNG + overlay (--everything: every object)
 """
 
 
@@ -26,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     models.add_parsers(sub)
     tasks.add_parsers(sub)
+    segment.add_parser(sub)
     return parser
 
 
@@ -48,6 +50,13 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     errors: list[type[BaseException]] = [BindError, CardError, CheckpointError, DeclarationError, DiagramError,
                                          DimParseError,
                                          EntryError, HubError, ImageError, FileNotFoundError]
+    try:
+        from ..pipelines.sam_processing import PromptError
+        from ..pipelines.segment import EmbeddingError
+
+        errors += [PromptError, EmbeddingError]
+    except ImportError:  # pragma: no cover
+        pass
     try:
         from ..pipelines.tokenizer import TokenizerError
 

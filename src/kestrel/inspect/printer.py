@@ -65,7 +65,8 @@ def program_modules(root: type[Block]) -> list[str]:
 
 def listed_blocks(root: type[Block]) -> list[BlockDecl]:
     """Every block of every module the program uses, sorted by name (as the seeds list them)."""
-    classes = [c for m in program_modules(root) for c in REGISTRY.get(m, [])]
+    own = {(c._kestrel_module, c.__name__): c for c in program_blocks(root)}  # blocks built from a config
+    classes = [own.get((m, c.__name__), c) for m in program_modules(root) for c in REGISTRY.get(m, [])]
     return sorted((c.decl() for c in classes), key=lambda d: (d.name, d.module))
 
 

@@ -9,11 +9,14 @@ an upscaling path to 256 x 256, and one hypernetwork MLP per mask token. Every e
 four masks (the single-mask one first, then the three multimask ones) with their predicted IoUs.
 """
 
+import functools
 import math
 
 from ..blocks import Block, Dim, Float, Param, entry, f32
+from ..blocks.block import REGISTRY
 from ..std import ops
 from ..std.nn import Conv2d, Linear
+from ..std.ops_attention import decomposed_attention
 
 IMAGE = 1024  # the encoder's input side, in pixels
 GRID = 64  # the patch grid: IMAGE / 16
@@ -127,12 +130,13 @@ class VisionAttention(Block):
         heads, dh, wh = self.Heads, self.D // self.Heads, self.Wh
         qkv = self.qkv(x).reshape(Bw, wh * wh, 3, heads, dh).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]  # [Bw, Heads, Wh * Wh, D / Heads]
-        y = ops.attention(q, k, v, bias=self._relative_bias(q))
+        rel_h, rel_w = self._relative_terms(q)
+        y = decomposed_attention(q, k, v, rel_h, rel_w)  # never the whole [Bw, Heads, Wh^2, Wh^2] bias
         y = y.reshape(Bw, heads, wh, wh, dh).permute(0, 2, 3, 1, 4).reshape(Bw, wh, wh, self.D)
         return self.proj(y)
 
-    def _relative_bias(self, q):
-        """The decomposed relative-position terms, ``[Bw, Heads, Wh * Wh, Wh * Wh]``."""
+    def _relative_terms(self, q):
+        """``q . Rh[h - h']`` and ``q . Rw[w - w']``: ``[Bw, Heads, Wh * Wh, Wh]`` each."""
         Bw, heads, _, dh = q.shape
         wh = self.Wh
         rh = ops.relative_positions(self.rel_pos_h, wh).transpose(1, 2)  # [Wh(q), D / Heads, Wh(k)]
@@ -140,8 +144,7 @@ class VisionAttention(Block):
         q = q.reshape(Bw, heads, wh, wh, dh)
         rel_h = ops.matmul(q, rh)  # [Bw, Heads, h, w, h']
         rel_w = ops.matmul(q.transpose(2, 3), rw).transpose(2, 3)  # [Bw, Heads, h, w, w']
-        bias = rel_h.unsqueeze(-1) + rel_w.unsqueeze(-2)
-        return bias.reshape(Bw, heads, wh * wh, wh * wh)
+        return rel_h.reshape(Bw, heads, wh * wh, wh), rel_w.reshape(Bw, heads, wh * wh, wh)
 
 
 class VisionLayerWindowed(Block):
@@ -207,35 +210,51 @@ class VisionNeck(Block):
         return self.ln2(self.conv2(x))
 
 
-class VisionEncoder(Block):
-    D: Dim
-    Heads: Dim
-    Inner: Dim
-    Hd: Dim
-    T: Float
-    where = "Heads > 0, D % Heads == 0"
+def _encoder_forward(self, pixel_values: "Tensor[B, 3, 1024, 1024; T]") -> "Tensor[B, Hd, 64, 64; T]":
+    x = self.patch_embed(pixel_values).permute(0, 2, 3, 1) + self.pos_embed
+    for name in self.layers:
+        x = getattr(self, name)(x)
+    return self.neck(x)
 
-    patch_embed: Conv2d["3, D, 16, 16, 0, T"]
-    pos_embed: Param["1, 64, 64, D; T"]
-    layer_0: VisionLayerWindowed["D, Heads, Inner, T"]
-    layer_1: VisionLayerWindowed["D, Heads, Inner, T"]
-    layer_2: VisionLayerGlobal["D, Heads, Inner, T"]
-    layer_3: VisionLayerWindowed["D, Heads, Inner, T"]
-    layer_4: VisionLayerWindowed["D, Heads, Inner, T"]
-    layer_5: VisionLayerGlobal["D, Heads, Inner, T"]
-    layer_6: VisionLayerWindowed["D, Heads, Inner, T"]
-    layer_7: VisionLayerWindowed["D, Heads, Inner, T"]
-    layer_8: VisionLayerGlobal["D, Heads, Inner, T"]
-    layer_9: VisionLayerWindowed["D, Heads, Inner, T"]
-    layer_10: VisionLayerWindowed["D, Heads, Inner, T"]
-    layer_11: VisionLayerGlobal["D, Heads, Inner, T"]
-    neck: VisionNeck["D, Hd, T"]
 
-    def forward(self, pixel_values: "Tensor[B, 3, 1024, 1024; T]") -> "Tensor[B, Hd, 64, 64; T]":
-        x = self.patch_embed(pixel_values).permute(0, 2, 3, 1) + self.pos_embed
-        for i in range(12):
-            x = getattr(self, f"layer_{i}")(x)
-        return self.neck(x)
+def vision_encoder(depth: int, global_layers: tuple[int, ...]) -> type[Block]:
+    """The ``VisionEncoder`` block of a ``depth``-layer encoder with global attention at ``global_layers``.
+
+    The layout is the checkpoint's data (``num_hidden_layers``, ``global_attn_indexes``); each layer is
+    still a typed sub of its own, ``layer_i: VisionLayerGlobal<...>`` or ``VisionLayerWindowed<...>``.
+    """
+    return _vision_encoder(depth, tuple(sorted(set(global_layers))))
+
+
+@functools.cache
+def _vision_encoder(depth: int, global_layers: tuple[int, ...]) -> type[Block]:
+    if depth <= 0 or any(not 0 <= i < depth for i in global_layers):
+        raise ValueError(f"SAM encoder layout: {depth} layers with global attention at {list(global_layers)}")
+    layers = tuple(f"layer_{i}" for i in range(depth))
+    annotations = {
+        "D": Dim, "Heads": Dim, "Inner": Dim, "Hd": Dim, "T": Float,
+        "patch_embed": Conv2d["3, D, 16, 16, 0, T"],
+        "pos_embed": Param["1, 64, 64, D; T"],
+        **{name: (VisionLayerGlobal if i in global_layers else VisionLayerWindowed)["D, Heads, Inner, T"]
+           for i, name in enumerate(layers)},
+        "neck": VisionNeck["D, Hd, T"],
+    }
+    namespace = {
+        "__module__": __name__, "__qualname__": "VisionEncoder", "__annotations__": annotations,
+        "__doc__": f"Patch embedding, {depth} layers (global attention at {list(global_layers)}), the neck.",
+        "where": "Heads > 0, D % Heads == 0", "layers": layers, "forward": _encoder_forward,
+    }
+    return _variant(type("VisionEncoder", (Block,), namespace))
+
+
+def _variant(cls: type[Block]) -> type[Block]:
+    """A block built from data is listed once per program: the printer takes the program's own copy."""
+    if sum(c.__name__ == cls.__name__ for c in REGISTRY[cls._kestrel_module]) > 1:
+        REGISTRY[cls._kestrel_module].remove(cls)
+    return cls
+
+
+VisionEncoder = vision_encoder(12, (2, 5, 8, 11))  # ViT-B's layout, the seed's
 
 
 # ----------------------------------------------------------------------------------- mask decoder
@@ -384,10 +403,13 @@ class MaskDecoder(Block):
 
 
 class Model(Block):
-    """SAM: ``encode_image`` once per image, then ``decode_points``/``decode_boxes`` per prompt.
+    """SAM: ``encode_image`` once per image, then a decode per prompt.
 
     Points and boxes are in pixels of the 1024 x 1024 model input. Point labels: 1 foreground,
-    0 background, -1 not a point, -10 padding (ignored).
+    0 background, -1 not a point, -10 padding (ignored). ``decode_points`` and ``decode_boxes`` are
+    the seed's entries; a prompt of any other mix (points with a box, a previous low-resolution mask)
+    is ``embed_points`` / ``embed_boxes`` concatenated along the token axis, ``embed_masks`` or
+    ``no_mask_embeddings`` for the dense part, then ``decode``.
     """
 
     D: Dim
@@ -410,6 +432,12 @@ class Model(Block):
     point_embed_3: Param["1, Hd; T"]
     no_mask_embed: Param["1, Hd; T"]
     mask_decoder: MaskDecoder["Hd, MaskHeads, MaskInner, T"]
+    # the mask prompt's encoder: 256 x 256 logits down to the 64 x 64 grid (added beyond the seed)
+    mask_conv1: Conv2d["1, 4, 2, 2, 0, T"]
+    mask_norm1: LayerNormCHW["4, T"]
+    mask_conv2: Conv2d["4, 16, 2, 2, 0, T"]
+    mask_norm2: LayerNormCHW["16, T"]
+    mask_conv3: Conv2d["16, Hd, 1, 1, 0, T"]
 
     @entry
     def encode_image(self, pixel_values: "Tensor[B, 3, 1024, 1024; T]") -> "Tensor[B, Hd, 64, 64; T]":
@@ -423,28 +451,69 @@ class Model(Block):
     ) -> "(Tensor[B, Pts, 4, 256, 256; T], Tensor[B, Pts, 4; T])":
         """Mask logits and IoU predictions for ``Pts`` prompts of ``N`` labelled points each."""
         # as upstream, one "not a point" is appended to every prompt (at the origin, labelled -1)
-        points = ops.pad(input_points + 0.5, [0, 0, 0, 1])
-        labels = ops.pad(input_labels, [0, 1], value=-1).unsqueeze(-1)
-        emb = self._fourier(points / IMAGE)
-        emb = ops.where(ops.eq(labels, -1), self.not_a_point_embed, emb)
-        emb = ops.where(ops.eq(labels, -10), 0.0, emb)
-        emb = ops.where(ops.eq(labels, 0), emb + self.point_embed_0, emb)
-        emb = ops.where(ops.eq(labels, 1), emb + self.point_embed_1, emb)
-        return self._decode(image_embeddings, emb)
+        points = ops.pad(input_points, [0, 0, 0, 1])
+        labels = ops.pad(input_labels, [0, 1], value=-1)
+        return self._decode(image_embeddings, self._points(points, labels), self._no_mask(image_embeddings))
 
     @entry
     def decode_boxes(
         self, image_embeddings: "Tensor[B, Hd, 64, 64; T]", input_boxes: "Tensor[B, Nb, 4; T]"
     ) -> "(Tensor[B, Nb, 4, 256, 256; T], Tensor[B, Nb, 4; T])":
         """Mask logits and IoU predictions for ``Nb`` boxes ``(x1, y1, x2, y2)``."""
-        B, Nb, _ = input_boxes.shape
-        corners = ((input_boxes + 0.5) / IMAGE).reshape(B, Nb, 2, 2)
-        corner_kind = ops.cat([self.point_embed_2, self.point_embed_3], dim=0)
-        return self._decode(image_embeddings, self._fourier(corners) + corner_kind)
+        return self._decode(image_embeddings, self._boxes(input_boxes), self._no_mask(image_embeddings))
 
-    def _decode(self, image_embeddings, sparse):
+    @entry
+    def embed_points(
+        self, input_points: "Tensor[B, Pts, N, 2; T]", input_labels: "Tensor[B, Pts, N; i32]"
+    ) -> "Tensor[B, Pts, N, Hd; T]":
+        """Sparse tokens of labelled points, as given (no "not a point" appended)."""
+        return self._points(input_points, input_labels)
+
+    @entry
+    def embed_boxes(self, input_boxes: "Tensor[B, Nb, 4; T]") -> "Tensor[B, Nb, 2, Hd; T]":
+        """Sparse tokens of boxes: one per corner."""
+        return self._boxes(input_boxes)
+
+    @entry
+    def embed_masks(self, input_masks: "Tensor[B, 1, 256, 256; T]") -> "Tensor[B, Hd, 64, 64; T]":
+        """The dense prompt of a low-resolution mask (logits, as a previous decode returned them)."""
+        x = ops.gelu(self.mask_norm1(self.mask_conv1(input_masks)))
+        x = ops.gelu(self.mask_norm2(self.mask_conv2(x)))
+        return self.mask_conv3(x)
+
+    @entry
+    def no_mask_embeddings(self, image_embeddings: "Tensor[B, Hd, 64, 64; T]") -> "Tensor[B, Hd, 64, 64; T]":
+        """The dense prompt when there is no mask prompt (one per image of ``image_embeddings``)."""
+        return self._no_mask(image_embeddings)
+
+    @entry
+    def decode(
+        self, image_embeddings: "Tensor[B, Hd, 64, 64; T]", sparse_embeddings: "Tensor[B, Pts, Ns, Hd; T]",
+        dense_embeddings: "Tensor[B, Hd, 64, 64; T]",
+    ) -> "(Tensor[B, Pts, 4, 256, 256; T], Tensor[B, Pts, 4; T])":
+        """Mask logits and IoU predictions for ``Pts`` prompts of ``Ns`` sparse tokens and a dense prompt."""
+        return self._decode(image_embeddings, sparse_embeddings, dense_embeddings)
+
+    def _points(self, points, labels):
+        emb = self._fourier((points + 0.5) / IMAGE)
+        labels = labels.unsqueeze(-1)
+        emb = ops.where(ops.eq(labels, -1), self.not_a_point_embed, emb)
+        emb = ops.where(ops.eq(labels, -10), 0.0, emb)
+        emb = ops.where(ops.eq(labels, 0), emb + self.point_embed_0, emb)
+        return ops.where(ops.eq(labels, 1), emb + self.point_embed_1, emb)
+
+    def _boxes(self, boxes):
+        B, Nb, _ = boxes.shape
+        corners = ((boxes + 0.5) / IMAGE).reshape(B, Nb, 2, 2)
+        corner_kind = ops.cat([self.point_embed_2, self.point_embed_3], dim=0)
+        return self._fourier(corners) + corner_kind
+
+    def _no_mask(self, image_embeddings):
         B = image_embeddings.shape[0]
-        dense = self.no_mask_embed.reshape(1, self.Hd, 1, 1).expand(B, self.Hd, GRID, GRID)
+        return self.no_mask_embed.reshape(1, self.Hd, 1, 1).expand(B, self.Hd, GRID, GRID)
+
+    def _decode(self, image_embeddings, sparse, dense):
+        B = image_embeddings.shape[0]
         return self.mask_decoder(image_embeddings, self._image_pe(B), sparse, dense)
 
     def _fourier(self, coords):
@@ -457,3 +526,20 @@ class Model(Block):
         g = (ops.arange_like(self.positional_embedding, GRID) + 0.5) / GRID
         xy = ops.stack([g.unsqueeze(0).expand(GRID, GRID), g.unsqueeze(1).expand(GRID, GRID)], dim=-1)
         return self._fourier(xy).permute(2, 0, 1).unsqueeze(0).expand(B, self.Hd, GRID, GRID)
+
+
+def model_for(depth: int, global_layers: tuple[int, ...] | list[int]) -> type[Block]:
+    """The ``Model`` block whose encoder has ``depth`` layers, global at ``global_layers`` (ViT-B/L/H)."""
+    encoder = vision_encoder(depth, tuple(global_layers))
+    if encoder is VisionEncoder:
+        return Model
+    return _model_for(encoder)
+
+
+@functools.cache
+def _model_for(encoder: type[Block]) -> type[Block]:
+    namespace = {k: v for k, v in Model.__dict__.items() if k not in ("__dict__", "__weakref__")}
+    namespace = {k: (getattr(v, "__wrapped__", v) if callable(v) else v) for k, v in namespace.items()}
+    namespace["__annotations__"] = {**Model.__annotations__,
+                                    "vision_encoder": encoder["D, VisionHeads, VisionInner, Hd, T"]}
+    return _variant(type("Model", (Block,), namespace))
