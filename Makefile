@@ -1,12 +1,32 @@
 # Two commands do all the set-up on a fresh machine:
-#   make run    installs into .venv (first time) and runs the main job: type-check and print every model
+#   make run    installs into .venv (first time) and runs the main job: type-check every model, one line each
+#               (checked, parameters, entries); `kestrel inspect --all` prints every architecture in full
 #   make test   installs into .venv (first time) and runs lint + the test suite
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test slow bench lint clean
+# what the diagrams, the site and its browser tests use from the system (Debian packages):
+# graphviz lays the graphs out, chromium runs the browser tests, fonts-dejavu-core sets their labels
+
+.PHONY: setup system run site test slow bench lint clean
+
+# installs only what is missing; as root with apt (CI, these machines), else through sudo, else says what to install
+system:
+	@missing=""; \
+	command -v dot >/dev/null 2>&1 || missing="$$missing graphviz"; \
+	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	[ -f /usr/share/fonts/truetype/dejavu/DejaVuSansMono.ttf ] || missing="$$missing fonts-dejavu-core"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then apt=apt-get; \
+	  elif command -v sudo >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then apt="sudo apt-get"; fi; \
+	  if [ -n "$$apt" ]; then \
+	    echo "installing$$missing (apt)"; \
+	    { $$apt update -qq && DEBIAN_FRONTEND=noninteractive $$apt install -y -qq --no-install-recommends $$missing; } \
+	      || echo "warning: could not install$$missing: diagrams and the browser tests need them"; \
+	  else echo "warning: install$$missing for diagrams and the browser tests (Debian: apt-get install$$missing)"; fi; \
+	fi
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,15 +34,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: system $(STAMP)
 
-run: $(STAMP)
-	$(BIN)/kestrel check
-	$(BIN)/kestrel inspect --all
+run: system $(STAMP)
+	$(BIN)/kestrel inspect
 
-test: $(STAMP)
+test: system $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/python -m pytest -q
+
+site: system $(STAMP)
+	$(BIN)/kestrel site --out site --serve
 
 slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
@@ -34,4 +56,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info
+	rm -rf $(VENV) build site src/*.egg-info

@@ -116,7 +116,7 @@ def test_embed_writes_features_with_paths(tmp_path, images, capsys):
     assert rel_diff(feats, want) <= 1e-4
 
 
-def test_bad_inputs_give_one_clear_line(vit_dir, tmp_path, capsys):
+def test_bad_inputs_give_one_clear_line(vit_dir, images, tmp_path, capsys):
     d, _ = vit_dir
     assert main(["classify", str(tmp_path / "missing.jpg"), "--model", str(d)]) == 2
     assert "missing.jpg" in capsys.readouterr().err
@@ -125,7 +125,7 @@ def test_bad_inputs_give_one_clear_line(vit_dir, tmp_path, capsys):
     (corrupt / "config.json").write_text((d / "config.json").read_text())
     data = (d / "model.safetensors").read_bytes()
     (corrupt / "model.safetensors").write_bytes(data[: len(data) // 2])
-    assert main(["classify", str(tmp_path / "x.jpg"), "--model", str(corrupt)]) == 2
+    assert main(["classify", str(images[0]), "--model", str(corrupt)]) == 2
     err = capsys.readouterr().err
     assert "model.safetensors" in err and "Traceback" not in err
     assert main(["inspect", "no-such-model"]) == 2

@@ -47,7 +47,7 @@ def siglip_dir(spiece_model, tmp_path):  # noqa: F811
 
 def test_zero_shot_prints_the_reference_probabilities(siglip_dir, capsys):
     d, paths, out = siglip_dir
-    assert main(["zero-shot", *map(str, paths), *LABELS, "--template", TEMPLATE, "--model", str(d)]) == 0
+    assert main(["zero-shot", *map(str, paths), "--labels", *LABELS, "--template", TEMPLATE, "--model", str(d)]) == 0
     lines = capsys.readouterr().out.splitlines()
     probs = torch.sigmoid(out.logits_per_image)
     for i, path in enumerate(paths):
@@ -83,10 +83,12 @@ def test_embed_texts_and_images(siglip_dir, tmp_path, capsys):
 
 def test_zero_shot_input_errors(siglip_dir, tmp_path, capsys):
     d, paths, _ = siglip_dir
-    assert main(["zero-shot", "no-such.jpg", "a cat", "--model", str(d)]) == 2
-    assert "no image found" in capsys.readouterr().err
+    assert main(["zero-shot", "no-such.jpg", "--labels", "a cat", "--model", str(d)]) == 2
+    assert "no such image file or folder: 'no-such.jpg'" in capsys.readouterr().err
     assert main(["zero-shot", str(paths[0]), "--model", str(d)]) == 2
-    assert "candidate texts" in capsys.readouterr().err
+    assert "missing --labels" in capsys.readouterr().err
+    assert main(["zero-shot", str(paths[0]), "a cat", "--model", str(d)]) == 2  # the old positional form
+    assert "'a cat' is not a file: is it a label?" in capsys.readouterr().err
     (d / "spiece.model").unlink()
-    assert main(["zero-shot", str(paths[0]), "a cat", "--model", str(d)]) == 2
+    assert main(["zero-shot", str(paths[0]), "--labels", "a cat", "--model", str(d)]) == 2
     assert "spiece.model" in capsys.readouterr().err

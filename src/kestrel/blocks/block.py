@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from ..errors import KestrelError
 from ..shapes.facts import Fact
 from ..shapes.poly import Poly, evaluate, format_poly, substitute
 from ..types.dtypes import DType, DTypeVar, dtype_named, from_torch
@@ -25,11 +26,11 @@ from .spec import SubSpec
 Generics = dict[str, "int | DType"]
 
 
-class BindError(ValueError):
+class BindError(KestrelError, ValueError):
     """Generics that do not fit a block: missing, unknown, of the wrong kind, or against ``where``."""
 
 
-class EntryError(TypeError):
+class EntryError(KestrelError, TypeError):
     """An entry called with inputs that do not fit its declared types."""
 
 
@@ -223,7 +224,14 @@ def check_entry_inputs(block: Block, fn: FnDecl, args: tuple, kwargs: dict) -> B
         if not isinstance(value, torch.Tensor):
             raise EntryError(f"{fn.name}: input {name} must be a torch.Tensor {want}, got {type(value).__name__}")
         actual = [Poly.const(s) for s in value.shape]
-        problems = match(want, actual, from_torch(value.dtype), binding, fn.free_dims)
+        try:
+            dtype = from_torch(value.dtype)
+        except TypeError:
+            raise EntryError(
+                f"{block.decl().qualname}.{fn.name}: input {name} has shape {tuple(value.shape)} and dtype "
+                f"{value.dtype}, which no declared type can have; declared {declared} = "
+                f"{_show_declared(want, binding)} (convert it first, e.g. x.float())") from None
+        problems = match(want, actual, dtype, binding, fn.free_dims)
         if problems:
             shown = _show_declared(want, binding)
             raise EntryError(

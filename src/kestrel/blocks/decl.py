@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from ..errors import KestrelError
 from ..shapes.facts import Fact, Facts
 from ..shapes.parse import DimParseError, Parser, parse_facts
 from ..shapes.poly import AtomOrder, Poly
@@ -22,7 +23,7 @@ from ..types.tensor import Scope, TensorType, Type, TypeParser, parse_param, par
 from .spec import ArraySpec, Dim, ParamSpec, Shape, SubSpec
 
 
-class DeclarationError(Exception):
+class DeclarationError(KestrelError):
     """A block declaration that cannot be read: bad notation, unknown generic, wrong sub arguments."""
 
     def __init__(self, message: str, file: str | None = None, line: int | None = None) -> None:

@@ -233,7 +233,7 @@ def _equality_hint(problems: list) -> str | None:
 
 def check_function(decl: BlockDecl, fn: FnDecl) -> tuple[Graph, list[Diagnostic]]:
     graph = Graph(decl.qualname, fn.name, decl.order.copy())
-    ctx = Context(decl.facts(), graph.order, graph)
+    ctx = Context(decl.facts(), graph.order, graph, fn.fn.__code__)
     diags: list[Diagnostic] = []
 
     def diag(message: str, file: str | None, line: int | None, hint: str | None = None) -> None:

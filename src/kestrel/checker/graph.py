@@ -29,6 +29,9 @@ class Node:
     # for a call into a sub or own function: the callee, and its generics in the caller's terms
     callee: tuple[str, str] | None = None
     subst: dict[str, Any] | None = None
+    # the untyped helpers (``self._fourier``, a local ``def heads``) this node was recorded in, outermost
+    # first, each as (name, call site)
+    scope: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass

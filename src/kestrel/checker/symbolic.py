@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import KestrelError
 from ..shapes.facts import Facts
 from ..shapes.poly import AtomOrder, Poly, format_poly
 from ..types.dtypes import DType, DTypeVar
@@ -23,7 +24,7 @@ from ..types.tensor import TensorType, Variadic
 from .graph import Graph
 
 
-class ShapeError(Exception):
+class ShapeError(KestrelError):
     """Raised by a shape rule; the checker adds the source location and the function."""
 
     def __init__(self, message: str, hint: str | None = None) -> None:
@@ -37,6 +38,7 @@ class Context:
     facts: Facts
     order: AtomOrder
     graph: Graph
+    code: Any = None  # the checked function's code object: frames below it are its untyped helpers
 
 
 _stack: list[Context] = []
@@ -363,7 +365,31 @@ def op(name: str) -> Callable[[Callable[..., Any]], Any]:
     return wrap
 
 
+def helper_scope(code: Any) -> tuple[tuple[str, int], ...]:
+    """The untyped helpers (methods or local functions) the checked function ``code`` is inside, outermost first.
+
+    Each is ``(name, call site)``: the call site (the caller's bytecode offset) tells two calls of one helper
+    apart. Comprehensions and lambdas are not helpers; frames of the checker machinery are skipped.
+    """
+    if code is None:
+        return ()
+    found: list[tuple[str, int]] = []
+    f = sys._getframe(1)
+    while f is not None and f.f_code is not code:
+        name = os.path.abspath(f.f_code.co_filename)
+        if not name.startswith(_SCOPELESS) and not f.f_code.co_name.startswith("<"):
+            caller = f.f_back
+            found.append((f.f_code.co_name, caller.f_lasti if caller is not None else 0))
+        f = f.f_back  # type: ignore[assignment]
+    return tuple(reversed(found)) if f is not None else ()
+
+
+_SCOPELESS = (*_INTERNAL, os.path.join(_PKG, "blocks"), os.path.dirname(functools.__file__))
+
+
 def record(name: str, inputs: list[SymTensor], outputs: list[SymTensor], kind: str = "op", detail: str = "") -> Any:
     file, line = user_frame()
-    return current().graph.add_node(kind, name, [t.vid for t in inputs], [t.vid for t in outputs], file, line,
-                                    detail)
+    ctx = current()
+    node = ctx.graph.add_node(kind, name, [t.vid for t in inputs], [t.vid for t in outputs], file, line, detail)
+    node.scope = helper_scope(ctx.code)
+    return node

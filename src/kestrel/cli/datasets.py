@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..models.cards import CardError
+from ..errors import UsageError
 
 DATASET_HELP = """\
 dataset mode: with --out DIR (anything not ending in .safetensors), SOURCE is a folder tree of
@@ -44,16 +44,16 @@ def run_dataset(args: argparse.Namespace, task: str, sources: list[str], **job: 
     from ..scale import run_job
 
     if not sources:
-        raise CardError(f"{task}: give a SOURCE: a folder of images, a list file, or a .parquet/.csv table")
+        raise UsageError(f"{task}: give a SOURCE: a folder of images, a list file, or a .parquet/.csv table")
     for flag in ("workers", "threads", "shard_size"):
         value = getattr(args, flag)
         if value is not None and value < 1:
-            raise CardError(f"--{flag.replace('_', '-')} must be positive, got {value}")
+            raise UsageError(f"--{flag.replace('_', '-')} must be positive, got {value}")
     engine = args.engine or "local"
     if engine == "local" and (args.address or args.workers):
-        raise CardError("--address and --workers need --engine ray")
+        raise UsageError("--address and --workers need --engine ray")
     spec = JobSpec(task, args.model, weights=args.weights, dtype=args.dtype, device=args.device,
-                   batch_size=args.batch_size, **job)  # type: ignore[arg-type]
+                   batch_size=getattr(args, "batch_size", None) or 8, **job)  # type: ignore[arg-type]
     summary = run_job(spec, sources, args.out, engine=engine, shard_size=args.shard_size,
                       path_column=args.path_column, workers=args.workers, address=args.address,
                       threads=args.threads, progress=not getattr(args, "quiet", False))

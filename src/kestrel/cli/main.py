@@ -1,33 +1,71 @@
-"""The ``kestrel`` command."""
+"""The ``kestrel`` command.
+
+One error style for every command: a user's mistake (any :class:`~kestrel.errors.KestrelError`, a missing
+or unreadable file, a bad flag) prints ``kestrel COMMAND: error: MESSAGE`` on stderr and exits 2, without a
+traceback; ``--debug`` or ``KESTREL_DEBUG=1`` re-raises it with the traceback. Anything else is a bug in
+Kestrel: one line saying so, exit 3 (the traceback again with ``--debug``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from typing import NoReturn
 
-from . import models, segment, tasks
+from ..errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, KestrelError
+from . import models, segment, site, tasks
 
 EPILOG = """examples:
   kestrel check                                  type-check every model, no weights needed
+  kestrel inspect                                one line per model: checked, parameters, entries
   kestrel inspect sam-vit-base                   the blocks, as the seeds print them
   kestrel inspect dinov2-base --parameters       every parameter path with its bound shape
   kestrel diagram vit-base-patch16-224 -o vit.svg   the forward graph, every edge typed
   kestrel classify cat.jpg --weights DIR         ViT-B/16 top-5 labels
   kestrel embed photos/ --model dinov2-base --out feats.safetensors
+  kestrel zero-shot cat.jpg --labels "a cat" "a dog"
   kestrel export vit-base-patch16-224 --target onnx --out out/
   kestrel segment photo.jpg --point 500,375      SAM mask PNG + overlay (--everything: every object)
+  kestrel embed photos/ --model dinov2-base --out feats/ --engine ray   a dataset, Parquet shards on Ray
+  kestrel site --serve                           the registry site at http://127.0.0.1:8000/
+
+exit status:
+  0  success
+  1  a check failed (kestrel check found type errors)
+  2  usage or input error: a bad flag, model name, file, image, checkpoint or output path
+  3  internal error, a bug in Kestrel: rerun with --debug for the traceback
+  130 interrupted
+
+environment:
+  KESTREL_DEBUG=1    show the Python traceback of any error (same as --debug)
+  HF_HUB_OFFLINE=1   never contact the Hugging Face Hub; use the cache or --weights DIR
 """
+
+DEBUG_HELP = "show the Python traceback of an error (or set KESTREL_DEBUG=1)"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with Kestrel's error style: the error on the first line, then the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n{self.format_usage()}"
+                              f"run '{self.prog} --help' for more\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="kestrel", description="Vision foundation models as typed, shape-checked programs.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"kestrel {_version()}")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     models.add_parsers(sub)
     tasks.add_parsers(sub)
     segment.add_parser(sub)
+    site.add_parsers(sub)
+    for p in {id(p): p for p in sub.choices.values()}.values():  # `kestrel CMD ... --debug` too
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
 
 
@@ -37,69 +75,56 @@ def _version() -> str:
     return __version__
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Errors that describe bad input: printed as one clear line, never as a traceback."""
-    from ..blocks import BindError, DeclarationError, EntryError
-    from ..inspect.diagram import DiagramError
-    from ..models.cards import CardError
-    from ..pipelines.images import ImageError
-    from ..runtime.checkpoint import CheckpointError
-    from ..runtime.hub import HubError
-    from ..shapes.parse import DimParseError
+def _debug(args: argparse.Namespace | None) -> bool:
+    flag = os.environ.get("KESTREL_DEBUG", "").strip().lower() not in ("", "0", "false", "no", "off")
+    return flag or bool(getattr(args, "debug", False))
 
-    errors: list[type[BaseException]] = [BindError, CardError, CheckpointError, DeclarationError, DiagramError,
-                                         DimParseError,
-                                         EntryError, HubError, ImageError, FileNotFoundError]
-    try:
-        from ..pipelines.sam_processing import PromptError
-        from ..pipelines.segment import EmbeddingError
 
-        errors += [PromptError, EmbeddingError]
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        from ..pipelines.tokenizer import TokenizerError
-
-        errors.append(TokenizerError)
-    except ImportError:  # pragma: no cover
-        pass
-    from ..pipelines.datasets import SourceError
-    from ..scale.output import OutputError
-
-    errors += [SourceError, OutputError]
-    try:
-        from ..scale.ray_engine import RayUnavailableError, WorkerError
-
-        errors += [RayUnavailableError, WorkerError]
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        from ..export.onnx import ExportError
-
-        errors.append(ExportError)
-    except ImportError:
-        pass
-    return tuple(errors)
+def _describe_os_error(e: OSError) -> str:
+    where = e.filename if e.filename is not None else ""
+    reason = e.strerror or str(e)
+    return f"{where}: {reason}" if where else reason
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``) and return the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):
         parser.print_help()
-        return 0
+        return EXIT_OK
+    prog = f"kestrel {args.command}"
     try:
         return int(args.run(args) or 0)
-    except _user_errors() as e:
-        print(f"kestrel {args.command}: error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        return 130
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader went away (`kestrel inspect ... | head`): stop quietly
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        return EXIT_OK
+    except KestrelError as e:
+        if _debug(args):
+            raise
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except OSError as e:  # a path the user gave: missing, unreadable, a folder, no space...
+        if _debug(args):
+            raise
+        print(f"{prog}: error: {_describe_os_error(e)}", file=sys.stderr)
+        return EXIT_USAGE
+    except MemoryError:
+        if _debug(args):
+            raise
+        print(f"{prog}: error: out of memory; try a smaller --batch-size or smaller images", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as e:
+        if _debug(args):
+            raise
+        first = (str(e).strip().splitlines() or [""])[0]
+        print(f"{prog}: internal error: {type(e).__name__}: {first}\n"
+              "this is a bug in Kestrel; rerun with --debug (or KESTREL_DEBUG=1) for the traceback",
+              file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

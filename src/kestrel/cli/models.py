@@ -5,30 +5,57 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import sys
+import traceback
 from pathlib import Path
 
 from ..blocks import Block
 from ..blocks.block import REGISTRY
 from ..checker.check import Report, check_program
+from ..errors import KestrelError, UsageError
 from ..inspect import format_parameters, format_program, program_json
-from ..models.cards import CARDS, Card, CardError
+from ..inspect.manifest import parameter_rows
+from ..models.cards import CARDS, Card, CardError, family_for_config, find_card
+from . import args as types
 
 
 def _card(name: str) -> Card:
-    if name not in CARDS:
+    card = find_card(name)
+    if card is None:
         raise CardError(f"unknown model {name!r}; known models: {', '.join(sorted(CARDS))}")
-    return CARDS[name]
+    return card
+
+
+def _import_error(path: Path, e: BaseException) -> UsageError:
+    """A one-line description of why a user's Python file could not be imported, with its line."""
+    if isinstance(e, SyntaxError):
+        where = f"{path}:{e.lineno}" if e.lineno else str(path)
+        return UsageError(f"{where}: syntax error: {e.msg}")
+    line = next((f.lineno for f in reversed(traceback.extract_tb(e.__traceback__))
+                 if Path(f.filename).resolve() == path.resolve()), None)
+    where = f"{path}:{line}" if line else str(path)
+    return UsageError(f"{where}: importing it failed: {type(e).__name__}: {e}")
 
 
 def _blocks_in_file(path: Path) -> list[type[Block]]:
+    if not path.is_file():
+        raise UsageError(f"no such file: {path}")
     spec = importlib.util.spec_from_file_location(path.stem, path)
     if spec is None or spec.loader is None:
-        raise CardError(f"cannot import {path}")
+        raise UsageError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
-    return [c for blocks in REGISTRY.values() for c in blocks if c.__module__ == module.__name__]
+    before = {id(c) for blocks in REGISTRY.values() for c in blocks}  # a file of the same name seen earlier
+    try:
+        spec.loader.exec_module(module)
+    except KestrelError:
+        raise
+    except (Exception, SystemExit) as e:  # the user's module: any error it raises is theirs
+        sys.modules.pop(path.stem, None)
+        raise _import_error(path, e) from e
+    return [c for blocks in REGISTRY.values() for c in blocks
+            if c.__module__ == module.__name__ and id(c) not in before]
 
 
 def _targets(names: list[str]) -> list[tuple[str, type[Block]]]:
@@ -43,8 +70,13 @@ def _targets(names: list[str]) -> list[tuple[str, type[Block]]]:
         path = Path(name)
         if path.suffix == ".py" or path.is_dir():
             files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
-            for f in files:
-                out += [(f"{f}:{b.__name__}", b) for b in _blocks_in_file(f)]
+            if not files:
+                raise UsageError(f"{path} holds no Python files")
+            found = [(f"{f}:{b.__name__}", b) for f in files for b in _blocks_in_file(f)]
+            if not found:
+                raise UsageError(f"{path} defines no blocks (classes deriving from kestrel.blocks.Block): "
+                                 "nothing to check")
+            out += found
         else:
             card = _card(name)
             out.append((card.name, card.family.root(card.config)))
@@ -68,25 +100,73 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _program(name: str) -> tuple[str, str, str, type[Block], dict]:
+    """(label, title, source, root block, generics) of a card name, its hub id, or a save_pretrained directory."""
+    card = find_card(name)
+    if card is not None:
+        return (card.name, f"{card.name}: {card.title}\n{card.repo} @ {card.revision}", card.repo,
+                card.family.root(card.config), card.generics())
+    path = Path(name)
+    if path.is_dir():
+        from ..runtime.load import read_config
+
+        config = read_config(path)
+        family = family_for_config(config, path)
+        try:
+            generics = {**family.generics(config), "T": "f32"}
+        except (KeyError, TypeError, ValueError) as e:
+            raise CardError(f"{path}/config.json does not describe a {family.name} model: {e}") from None
+        return str(path), f"{path}: a {family.name} checkpoint", str(path), family.root(config), generics
+    raise CardError(f"unknown model {name!r} (not a save_pretrained directory either); known models: "
+                    f"{', '.join(sorted(CARDS))}")
+
+
+def _parameter_count(root: type[Block], generics: dict) -> int:
+    return sum(math.prod(row["shape"]) for row in parameter_rows(root, generics))
+
+
+def cmd_summary() -> int:
+    """One line per model: whether it type-checks, its parameter count, its entries."""
+    rows, reports = [], {}
+    for card in CARDS.values():
+        root = card.family.root(card.config)
+        if root not in reports:
+            reports[root] = check_program(root)
+        report = reports[root]
+        entries = ", ".join(fn.name for fn in root.decl().entries)
+        rows.append((card.name, "ok" if report.ok else f"{len(report.diagnostics)} error(s)",
+                     f"{_parameter_count(root, card.generics()):,}", entries))
+    head = ("model", "checked", "parameters", "entries")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(3)]
+    for r in [head, *rows]:
+        print(f"{r[0].ljust(widths[0])}  {r[1].ljust(widths[1])}  {r[2].rjust(widths[2])}  {r[3]}")
+    failed = any(not rep.ok for rep in reports.values())
+    print("\nfull listing: kestrel inspect --all (or kestrel inspect MODEL); parameter paths: --parameters"
+          + ("\ndiagnostics: kestrel check" if failed else ""))
+    return 1 if failed else 0
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
+    if args.all and args.model:
+        raise UsageError("give a model or --all, not both")
+    if not args.all and not args.model:
+        if args.parameters or args.json:
+            raise UsageError("name a model (or --all) for --parameters or --json; known models: "
+                             + ", ".join(sorted(CARDS)))
+        return cmd_summary()
     names = sorted(CARDS) if args.all else [args.model]
-    if not names or names == [None]:
-        raise CardError("name a model (or --all); known models: " + ", ".join(sorted(CARDS)))
     docs = []
     for i, name in enumerate(names):
-        card = _card(name)
-        root = card.family.root(card.config)
-        generics = card.generics()
+        label, title, source, root, generics = _program(name)
         if args.json:
-            docs.append(program_json(root, generics, card.name))
+            docs.append(program_json(root, generics, label))
             continue
         if i:
             print("\n" + "=" * 100 + "\n")
         if args.parameters:
-            print(f"{card.name}: parameters of {root.decl().qualname} as {card.repo} binds them\n")
+            print(f"{label}: parameters of {root.decl().qualname} as {source} binds them\n")
             print(format_parameters(root, generics))
             continue
-        title = f"{card.name}: {card.title}\n{card.repo} @ {card.revision}"
         print(format_program(root, generics, title))
     if args.json:
         print(json.dumps(docs if args.all else docs[0], indent=2))
@@ -95,24 +175,28 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def cmd_diagram(args: argparse.Namespace) -> int:
     from ..inspect.diagram import entry_diagram, write_diagram
+    from ..runtime.output import prepare_output
 
     card = _card(args.model)
     root = card.family.root(card.config)
     entry = args.entry or root.decl().entries[0].name
-    out = Path(args.output or f"{card.name}.{entry}.svg")
-    write_diagram(entry_diagram(root, entry), out)
+    out = prepare_output(args.output or f"{card.name}.{entry}.svg")
+    write_diagram(entry_diagram(root, entry, expand=args.expand), out, theme=args.theme)
     print(f"wrote {out}")
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from ..export.onnx import export_onnx
-    from ..runtime.load import load
+    from ..runtime.load import check_model_name, load
+    from ..runtime.output import prepare_output_dir
 
     if args.target != "onnx":
-        raise CardError(f"export target {args.target!r} is not available yet; supported: onnx")
+        raise UsageError(f"export target {args.target!r} is not available yet; supported: onnx")
+    check_model_name(args.model)
+    out = prepare_output_dir(args.out)  # before the work
     model = load(args.model, weights=args.weights)
-    for path in export_onnx(model, Path(args.out), batch=args.batch):
+    for path in export_onnx(model, out, batch=args.batch):
         print(path)
     return 0
 
@@ -127,20 +211,32 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("inspect", help="print a model's architecture as blocks",
                        description="Print the entries, the generics as the checkpoint binds them, and every block "
-                                   "of the program, derived from the declarations.")
-    p.add_argument("model", nargs="?", metavar="MODEL", help="a card name, e.g. sam-vit-base")
+                                   "of the program, derived from the declarations. Without a model: one line per "
+                                   "model (checked, parameters, entries).",
+                       epilog="examples:\n  kestrel inspect\n  kestrel inspect sam-vit-base --parameters\n"
+                              "  kestrel inspect ./my-dinov2-checkpoint\n  kestrel inspect --all",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", metavar="MODEL",
+                   help="a card name (sam-vit-base), its hub id, or a save_pretrained directory; "
+                        "none: one summary line per model")
     p.add_argument("--all", action="store_true", help="every known model")
     p.add_argument("--parameters", action="store_true", help="every parameter path with its bound shape")
     p.add_argument("--json", action="store_true", help="blocks, generics and parameters as JSON")
     p.set_defaults(run=cmd_inspect)
 
     p = sub.add_parser("diagram", help="draw an entry's graph with every edge's inferred type",
-                       description="Draw the entry with one level of sub-block calls expanded; every edge is "
-                                   "labelled with the type the checker inferred, in the model's own generics.",
+                       description="Draw the entry's typed graph, laid out by Graphviz: sub-block calls expanded "
+                                   "as labelled groups (--expand levels), untyped helpers grouped under their name, "
+                                   "loops over layers drawn once; every edge is labelled with the type the checker "
+                                   "inferred, in the model's own generics.",
                        epilog="example: kestrel diagram sam-vit-base --entry encode_image -o preview.svg")
     p.add_argument("model", metavar="MODEL", help="a card name")
     p.add_argument("--entry", help="entry or function to draw (default: the first entry)")
-    p.add_argument("-o", "--output", metavar="FILE", help="FILE.svg (default) or FILE.dot for Graphviz")
+    p.add_argument("--expand", type=int, default=1, metavar="N",
+                   help="expand sub-block calls as groups down to N levels, one node each below (default 1)")
+    p.add_argument("--theme", choices=("light", "dark"), default="light", help="colours (default light)")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="FILE.svg (default MODEL.ENTRY.svg), FILE.png, or FILE.dot (Graphviz source)")
     p.set_defaults(run=cmd_diagram)
 
     p = sub.add_parser("export", help="export deployable programs (ONNX)",
@@ -148,6 +244,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", metavar="MODEL", help="card name or save_pretrained directory")
     p.add_argument("--target", default="onnx", help="onnx (default)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
-    p.add_argument("--weights", metavar="DIR", help="read the card's weights from this directory")
-    p.add_argument("--batch", type=int, default=1, help="batch size of the exported inputs (default 1)")
+    p.add_argument("--weights", metavar="DIR", type=types.existing_dir,
+                   help="read the card's weights from this directory")
+    p.add_argument("--batch", type=types.positive_int, default=1, metavar="N",
+                   help="batch size of the exported inputs, >= 1 (default 1)")
     p.set_defaults(run=cmd_export)

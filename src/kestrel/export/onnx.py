@@ -35,6 +35,8 @@ from torch import nn
 
 from ..blocks import Block
 from ..blocks.decl import FnDecl
+from ..errors import KestrelError
+from ..runtime.output import prepare_output, prepare_output_dir, write_bytes
 from ..shapes.poly import Poly, format_poly, substitute
 from ..types.dtypes import DType, DTypeVar
 from ..types.tensor import TensorType, TupleType, Variadic
@@ -44,7 +46,7 @@ MANIFEST_FORMAT = "kestrel-onnx/1"
 EXAMPLE_BATCH = 2  # traced batch when B is dynamic: 0 and 1 would be specialised by torch.export
 
 
-class ExportError(RuntimeError):
+class ExportError(KestrelError, RuntimeError):
     """An entry that could not be exported, naming the entry and the cause."""
 
 
@@ -89,8 +91,9 @@ def export_onnx(model: Block, out_dir: str | os.PathLike[str], *, batch: int | N
     if not names:
         raise ExportError(f"{decl.qualname}: no entries to export")
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_output_dir(out_dir)
+    for target in [*(out / f"{n}.onnx" for n in names), out / MANIFEST]:
+        prepare_output(target)  # before the work: no symlink, device or folder in the way
     was_training = model.training
     model.eval()
     rows: list[dict[str, Any]] = []
@@ -110,7 +113,7 @@ def export_onnx(model: Block, out_dir: str | os.PathLike[str], *, batch: int | N
         "batch": batch if batch is not None else "dynamic",
         "files": rows,
     }
-    _write_atomic(out / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
+    write_bytes(out / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
     return paths
 
 
@@ -210,7 +213,7 @@ def _export_entry(model: Block, fn: FnDecl, out: Path, batch: int | None, dims: 
         data_files = [n for n in written if n != filename]
         row = _describe(tmp / filename, name, specs, output_names, data_files)
         for n in [*data_files, filename]:  # the model last: it is what readers look for
-            os.replace(tmp / n, out / n)
+            os.replace(tmp / n, prepare_output(out / n))  # never through a symlink or over a device
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out / filename, row
@@ -258,20 +261,6 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 @contextlib.contextmanager

@@ -1,46 +1,223 @@
-"""Diagrams of an entry: its typed graph with sub-block calls expanded one level.
+"""Diagrams of an entry: the checker's typed graph, laid out by Graphviz.
 
-Every edge carries the type the checker inferred for that value, written in the model's own generics
-(callee types are translated through the substitution recorded at each call). Rendered as SVG with a
-simple top-to-bottom layout (no Graphviz needed), or as Graphviz DOT.
+What is drawn is derived from the checked program: the entry's recorded graph, with calls into sub
+blocks (and the block's own typed functions) expanded as labelled groups down to ``expand`` levels and
+collapsed to one node below that; calls into untyped helpers (``self._fourier``, a local ``def heads``)
+grouped under the helper's name; a loop over a sub array drawn once, marked ``x Layers``; params as
+small side inputs; chains of one-input ops (``flatten · transpose``) merged into one node. Every
+edge carries the type the checker inferred for that value, written in the model's own generics (callee
+types are translated through the substitution recorded at each call).
+
+The layout is Graphviz's ``dot`` (layered graph drawing with clusters); this module only writes the
+DOT text and runs ``dot`` on it.
 """
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
 from dataclasses import dataclass, field
-from html import escape
+from html import escape, unescape
 from pathlib import Path
 
 from ..blocks import Block
-from ..checker.check import check_program
+from ..blocks.decl import BlockDecl
+from ..checker.check import Report, check_program
 from ..checker.graph import Graph, Node
+from ..errors import KestrelError
+from ..shapes.poly import AtomOrder, format_poly, substitute
 from ..types.tensor import TensorType
 from ..types.unify import Binding
 
 
 @dataclass
 class DNode:
-    id: int
+    id: str
     label: str
-    kind: str
-    group: str | None = None  # the expanded call this node belongs to
+    kind: str  # input, output, op, param, call, loop, helper
+    cluster: str | None = None  # the group it is drawn in
+    detail: str = ""  # a second, smaller line (a call's block type)
+    where: str = ""  # file:line of the source
+
+
+@dataclass
+class Cluster:
+    id: str
+    caption: str
+    kind: str  # call, loop, helper
+    parent: str | None = None
 
 
 @dataclass
 class Diagram:
     title: str
     nodes: list[DNode] = field(default_factory=list)
-    edges: list[tuple[int, int, str]] = field(default_factory=list)  # (from, to, type text)
-    groups: dict[str, str] = field(default_factory=dict)  # group id -> caption
+    edges: list[tuple[str, str, str]] = field(default_factory=list)  # (from, to, type text)
+    clusters: dict[str, Cluster] = field(default_factory=dict)
+
+    def node(self, nid: str) -> DNode:
+        return next(n for n in self.nodes if n.id == nid)
 
 
-class DiagramError(ValueError):
+class DiagramError(KestrelError, ValueError):
     pass
 
 
-def entry_diagram(root: type[Block], entry: str) -> Diagram:
-    """The entry's graph, one level of sub-block (and own-function) calls expanded."""
-    report = check_program(root)
+# ------------------------------------------------------------------------------------ building
+
+ValueKey = tuple[int, int]  # (frame, value id in that frame's graph)
+
+
+class _Builder:
+    def __init__(self, report: Report, root: BlockDecl, expand: int) -> None:
+        self.report, self.expand = report, expand
+        self.decls = {b.qualname: b for b in report.blocks}
+        self.order: AtomOrder = root.order
+        self.d = Diagram("")
+        self.producer: dict[ValueKey, str] = {}  # a value -> the drawn node that makes it
+        self.alias: dict[ValueKey, ValueKey] = {}  # a callee's input -> the caller's value
+        self.types: dict[ValueKey, str] = {}
+        self.frames = 0
+
+    # -- values
+    def resolve(self, key: ValueKey) -> ValueKey:
+        while key in self.alias:
+            key = self.alias[key]
+        return key
+
+    def connect(self, key: ValueKey, to: str) -> None:
+        key = self.resolve(key)
+        src = self.producer.get(key)
+        if src is not None:
+            self.d.edges.append((src, to, self.types[key]))
+
+    def add(self, nid: str, label: str, kind: str, cluster: str | None, detail: str = "", where: str = "") -> str:
+        self.d.nodes.append(DNode(nid, label, kind, cluster, detail, where))
+        return nid
+
+    # -- one graph (the entry's, or an expanded callee's)
+    def walk(self, graph: Graph, depth: int, cluster: str | None, bindings: list[Binding],
+             inputs: list[ValueKey] | None) -> list[ValueKey]:
+        frame = self.frames
+        self.frames += 1
+
+        def type_text(vid: int) -> str:
+            t = graph.values[vid].type
+            for b in bindings:  # innermost first: callee terms -> caller terms -> ... -> the model's
+                t = b.apply(t) if isinstance(t, TensorType) else t
+            return t.format(self.order) if isinstance(t, TensorType) else str(t)
+
+        for vid in graph.values:
+            self.types[(frame, vid)] = type_text(vid)
+        helpers: dict[tuple, str] = {}  # helper scope prefix -> its cluster, or its collapsed node
+        results: list[ValueKey] = []
+        given = iter(inputs or [])
+        for node in graph.nodes:
+            keys_in = [(frame, v) for v in node.inputs]
+            if node.kind == "input":
+                if inputs is not None:
+                    self.alias[(frame, node.outputs[0])] = next(given)
+                    continue
+            if node.kind == "output":
+                if inputs is not None:
+                    results.append(self.resolve(keys_in[0]))
+                    continue
+            where_cluster, collapsed = self.place(node, depth, cluster, helpers, frame)
+            if collapsed is not None:
+                for k in keys_in:
+                    self.connect(k, collapsed)
+                for v in node.outputs:
+                    self.producer[(frame, v)] = collapsed
+                continue
+            callee = self.report.graphs.get(node.callee) if node.callee else None
+            # a block's own typed functions are drawn as groups at the caller's level; sub blocks one level down
+            inner = depth + (node.kind == "sub")
+            if node.kind in ("sub", "fn") and callee is not None and inner <= self.expand and len(bindings) < 16:
+                self.expand_call(node, callee, graph, inner, where_cluster, bindings, frame, keys_in)
+                continue
+            nid = self.add(f"n{len(self.d.nodes)}", *self.describe(node, graph, bindings), where_cluster,
+                           where=_where(node))
+            if node.kind in ("sub", "fn"):
+                self.d.node(nid).detail = node.detail.rsplit(".", 1)[0] if node.kind == "sub" else ""
+            for k in keys_in:
+                self.connect(k, nid)
+            for v in node.outputs:
+                self.producer[(frame, v)] = nid
+        return results
+
+    def place(self, node: Node, depth: int, cluster: str | None, helpers: dict[tuple, str],
+              frame: int) -> tuple[str | None, str | None]:
+        """The cluster a node is drawn in, or the collapsed helper node that stands for it."""
+        scope = node.scope
+        for k in range(1, len(scope) + 1):
+            prefix = scope[:k]
+            if depth + k > self.expand:  # collapsed: one node for this helper call
+                if prefix not in helpers:
+                    helpers[prefix] = self.add(f"h{frame}_{len(helpers)}", prefix[-1][0], "helper", cluster,
+                                               "helper", _where(node))
+                return cluster, helpers[prefix]
+            if prefix not in helpers:
+                cid = f"cluster_h{frame}_{len(helpers)}"
+                self.d.clusters[cid] = Cluster(cid, f"{prefix[-1][0]}  (helper)", "helper", cluster)
+                helpers[prefix] = cid
+            cluster = helpers[prefix]
+        return cluster, None
+
+    def describe(self, node: Node, graph: Graph, bindings: list[Binding]) -> tuple[str, str]:
+        if node.kind == "input":
+            return f"{node.op}", "input"
+        if node.kind == "output":
+            return ("result" if node.op == "result" else f"result {node.op[6:]}"), "output"
+        if node.kind == "param":
+            return node.op, "param"
+        if node.kind in ("sub", "fn"):
+            count = self.loop_count(node, graph, bindings)
+            if count is not None:
+                return f"{node.op}  x {count}", "loop"
+            return node.op, "call"
+        return node.op, "op"
+
+    def loop_count(self, node: Node, graph: Graph, bindings: list[Binding]) -> str | None:
+        """``Layers`` for a call of ``layers[i]`` (a loop over a sub array), in the model's generics."""
+        if not node.op.split(".")[0].endswith("[i]"):
+            return None
+        decl = self.decls.get(graph.block)
+        name = node.op.split("[", 1)[0]
+        sub = next((s for s in decl.subs if s.name == name), None) if decl else None
+        if sub is None or sub.count is None:
+            return "N"
+        count = sub.count
+        for b in bindings:
+            count = substitute(count, b.dims)
+        return format_poly(count, self.order)
+
+    def expand_call(self, node: Node, callee: Graph, caller: Graph, depth: int, cluster: str | None,
+                    bindings: list[Binding], frame: int, keys_in: list[ValueKey]) -> None:
+        subst = node.subst or {}
+        binding = Binding(dict(subst.get("dims", {})), dict(subst.get("shapes", {})), dict(subst.get("dtypes", {})))
+        count = self.loop_count(node, caller, bindings)
+        cid = f"cluster_c{len(self.d.clusters)}"
+        caption = f"{node.op}: {node.detail}" if node.kind == "sub" else node.op
+        if count is not None:
+            caption += f"   x {count}"
+        self.d.clusters[cid] = Cluster(cid, caption, "loop" if count is not None else "call", cluster)
+        outs = self.walk(callee, depth, cid, [binding, *bindings], keys_in)
+        for v, inner in zip(node.outputs, outs):
+            self.alias[(frame, v)] = inner
+
+
+def _where(node: Node) -> str:
+    if not node.file or not node.line:
+        return ""
+    return f"{Path(node.file).name}:{node.line}"
+
+
+def entry_diagram(root: type[Block], entry: str, expand: int = 1, report: Report | None = None) -> Diagram:
+    """The entry's graph: calls expanded as groups down to ``expand`` levels, collapsed below."""
+    if expand < 0:
+        raise DiagramError(f"--expand must be 0 or more, got {expand}")
+    report = report or check_program(root)
     if report.diagnostics:
         raise DiagramError(f"{root.decl().qualname} does not type-check:\n" +
                            "\n".join(d.format() for d in report.diagnostics))
@@ -48,162 +225,265 @@ def entry_diagram(root: type[Block], entry: str) -> Diagram:
     names = [fn.name for fn in decl.functions]
     if entry not in names:
         raise DiagramError(f"{decl.qualname} has no entry or function {entry!r}; it has {', '.join(names)}")
-    graph = report.graphs[(decl.qualname, entry)]
-    fn_title = next(fn for fn in decl.functions if fn.name == entry)
     from .printer import format_signature
 
-    d = Diagram(f"{decl.qualname}.{format_signature(fn_title, decl.order)}")
-    producer: dict[int, int] = {}  # value id (in the entry graph) -> diagram node
-    types: dict[int, str] = {vid: graph.type_of(vid) for vid in graph.values}
-
-    def add(label: str, kind: str, group: str | None = None) -> int:
-        d.nodes.append(DNode(len(d.nodes), label, kind, group))
-        return len(d.nodes) - 1
-
-    def connect(vid: int, to: int) -> None:
-        if vid in producer:
-            d.edges.append((producer[vid], to, types[vid]))
-
-    for node in graph.nodes:
-        if node.kind in ("sub", "fn") and node.callee in report.graphs:
-            _expand(d, node, report.graphs[node.callee], graph, producer, types, add, connect)
-            continue
-        label = _label(node)
-        nid = add(label, node.kind)
-        for vid in node.inputs:
-            connect(vid, nid)
-        for vid in node.outputs:
-            producer[vid] = nid
-    return d
+    fn = next(fn for fn in decl.functions if fn.name == entry)
+    b = _Builder(report, decl, expand)
+    b.d.title = f"{decl.qualname}.{format_signature(fn, decl.order)}"
+    b.walk(report.graphs[(decl.qualname, entry)], 0, None, [], None)
+    _merge_runs(b.d)
+    _dedupe_edges(b.d)
+    return b.d
 
 
-def _label(node: Node) -> str:
-    where = f"  :{node.line}" if node.line and node.kind == "op" else ""
-    if node.kind == "input":
-        return f"input {node.op}"
-    if node.kind == "param":
-        return f"param {node.op}"
-    if node.kind == "output":
-        return "output" if node.op == "result" else f"output {node.op[6:]}"
-    return f"{node.op}{where}"
+def _dedupe_edges(d: Diagram) -> None:
+    seen: set[tuple[str, str, str]] = set()
+    edges = []
+    for e in d.edges:
+        if e[0] != e[1] and e not in seen:
+            seen.add(e)
+            edges.append(e)
+    d.edges = edges
 
 
-def _expand(d: Diagram, call: Node, inner: Graph, outer: Graph, producer: dict[int, int],
-            types: dict[int, str], add, connect) -> None:
-    subst = call.subst or {}
-    binding = Binding(dict(subst.get("dims", {})), dict(subst.get("shapes", {})), dict(subst.get("dtypes", {})))
-    group = f"g{call.id}"
-    caption = call.op if call.kind == "fn" else f"{call.op}: {call.detail}"
-    if call.op.endswith("[i]"):
-        caption += "  (for each layer)"
-    d.groups[group] = caption
-    local: dict[int, int] = {}  # inner value id -> diagram node producing it
-    inner_types: dict[int, str] = {}
-    inputs = [n for n in inner.nodes if n.kind == "input"]
-    alias: dict[int, int] = {}  # inner input value -> outer value
-    for n, outer_vid in zip(inputs, call.inputs):
-        alias[n.outputs[0]] = outer_vid
+def _merge_runs(d: Diagram, longest: int = 4) -> None:
+    """A chain of ops, each the only reader of the one before and reading nothing else, becomes one node.
 
-    def inner_type(vid: int) -> str:
-        if vid not in inner_types:
-            t = inner.values[vid].type
-            inner_types[vid] = binding.apply(t).format(outer.order) if isinstance(t, TensorType) else str(t)
-        return inner_types[vid]
-
-    outputs = [n for n in inner.nodes if n.kind == "output"]
-    for n in inner.nodes:
-        if n.kind in ("input", "output"):
-            continue
-        nid = add(_label(n), n.kind, group)
-        for vid in n.inputs:
-            if vid in alias:
-                connect(alias[vid], nid)
-            elif vid in local:
-                d.edges.append((local[vid], nid, inner_type(vid)))
-        for vid in n.outputs:
-            local[vid] = nid
-    for n, outer_vid in zip(outputs, call.outputs):
-        vid = n.inputs[0]
-        if vid in local:
-            producer[outer_vid] = local[vid]
-        elif vid in alias and alias[vid] in producer:
-            producer[outer_vid] = producer[alias[vid]]
+    ``flatten · transpose`` or ``add · pad · div``: the types inside the chain are the ops' business;
+    the edges into and out of it keep theirs. Ops that take a param or a second tensor stay apart.
+    """
+    while True:
+        outs: dict[str, int] = {}
+        ins: dict[str, int] = {}
+        for a, b, _ in d.edges:
+            outs[a] = outs.get(a, 0) + 1
+            ins[b] = ins.get(b, 0) + 1
+        byid = {n.id: n for n in d.nodes}
+        for i, (a, b, _) in enumerate(d.edges):
+            na, nb = byid[a], byid[b]
+            if (na.kind == nb.kind == "op" and na.cluster == nb.cluster and outs[a] == 1 and ins[b] == 1
+                    and ins.get(a, 0) <= 1 and len((na.label + " · " + nb.label).split(" · ")) <= longest):
+                na.label = f"{na.label} · {nb.label}"
+                if nb.where and nb.where != na.where:
+                    na.where = f"{na.where}, {nb.where}" if na.where else nb.where
+                d.edges = [(a if x == b else x, y, t) for j, (x, y, t) in enumerate(d.edges) if j != i]
+                d.nodes.remove(nb)
+                break
+        else:
+            return
 
 
-# --------------------------------------------------------------------------------------- render
+# ------------------------------------------------------------------------------------ rendering
 
-def to_dot(d: Diagram) -> str:
-    lines = ["digraph kestrel {", '  rankdir=TB; node [shape=box, fontname="monospace", fontsize=10];',
-             f'  label="{_dot(d.title)}"; labelloc=t; edge [fontname="monospace", fontsize=9];']
-    for g, caption in d.groups.items():
-        lines.append(f'  subgraph cluster_{g} {{ label="{_dot(caption)}"; style=rounded; color=gray60;')
-        lines += [f'    n{n.id} [label="{_dot(n.label)}"];' for n in d.nodes if n.group == g]
-        lines.append("  }")
+@dataclass(frozen=True)
+class Theme:
+    background: str
+    text: str
+    muted: str
+    edge: str
+    edge_text: str
+    op: str
+    call: str
+    io: str
+    param: str
+    cluster: str
+    cluster_border: str
+    helper: str
+
+
+THEMES = {
+    "light": Theme(background="#ffffff", text="#1d2430", muted="#5b6678", edge="#6b7687", edge_text="#1f5fa8",
+                   op="#ffffff", call="#e6eefb", io="#e3f2e1", param="#f1f1f1", cluster="#f5f7fb",
+                   cluster_border="#9aa8bb", helper="#fdf6e3"),
+    "dark": Theme(background="#14181f", text="#e2e8f0", muted="#9aa5b5", edge="#8b95a5", edge_text="#7cb7ff",
+                  op="#1e2430", call="#1c2b44", io="#1d3323", param="#262b33", cluster="#191f29",
+                  cluster_border="#4a5668", helper="#2e2a1c"),
+}
+FONT = "DejaVu Sans Mono"
+
+
+def _q(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _title_label(title: str) -> str:
+    """The signature, one parameter a line, left-aligned (DOT escapes)."""
+    head, _, rest = title.partition("(")
+    params, _, result = rest.rpartition(") -> ")
+    parts = _split_top(params)
+    if not parts:
+        return _q(title)[1:-1]
+    lines = [head + "(", *(f"    {p}," for p in parts[:-1]), f"    {parts[-1]}", f") -> {result}"]
+    return "".join(line.replace("\\", "\\\\").replace('"', '\\"') + "\\l" for line in lines)
+
+
+def _split_top(text: str) -> list[str]:
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch in "[(<"
+        depth -= ch in "])>"
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return [*out, cur.strip()] if cur.strip() else out
+
+
+def to_dot(d: Diagram, theme: str = "light", nodesep: float = 0.4) -> str:
+    """Graphviz DOT for the diagram: clusters for groups, every edge labelled with its type."""
+    if theme not in THEMES:
+        raise DiagramError(f"unknown theme {theme!r}; choose one of {', '.join(THEMES)}")
+    th = THEMES[theme]
+    out = [
+        "digraph kestrel {",
+        f'  graph [rankdir=TB, bgcolor="{th.background}", fontname="{FONT}", fontsize=12, fontcolor="{th.text}",'
+        f' labelloc=t, labeljust=l, nodesep={nodesep}, ranksep=0.35, newrank=true, ordering=out, class="k-graph",'
+        f' label="{_title_label(d.title)}"];',
+        f'  node [shape=box, style="rounded,filled", fontname="{FONT}", fontsize=10, fontcolor="{th.text}",'
+        f' color="{th.muted}", fillcolor="{th.op}", height=0.3, margin="0.12,0.04", class="k-op"];',
+        f'  edge [fontname="{FONT}", fontsize=9, fontcolor="{th.edge_text}", color="{th.edge}", arrowsize=0.6,'
+        f' class="k-edge"];',
+    ]
+    children: dict[str | None, list[str]] = {}
+    for c in d.clusters.values():
+        children.setdefault(c.parent, []).append(c.id)
+    nodes_in: dict[str | None, list[DNode]] = {}
     for n in d.nodes:
-        if n.group is None:
-            shape = "ellipse" if n.kind in ("input", "output") else "box"
-            lines.append(f'  n{n.id} [label="{_dot(n.label)}", shape={shape}];')
-    lines += [f'  n{a} -> n{b} [label="{_dot(t)}"];' for a, b, t in d.edges]
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+        nodes_in.setdefault(n.cluster, []).append(n)
 
+    def node_line(n: DNode, indent: str) -> str:
+        attrs = {"input": f'shape=box, style="rounded,filled,bold", fillcolor="{th.io}", class="k-io"',
+                 "output": f'shape=box, style="rounded,filled,bold", fillcolor="{th.io}", class="k-io"',
+                 "param": f'shape=note, style=filled, fillcolor="{th.param}", fontsize=9, height=0.2, '
+                          f'fontcolor="{th.muted}", margin="0.06,0.02", class="k-param"',
+                 "call": f'fillcolor="{th.call}", class="k-call"',
+                 "loop": f'fillcolor="{th.call}", peripheries=2, class="k-call k-loop"',
+                 "helper": f'fillcolor="{th.helper}", style="rounded,filled,dashed", class="k-helper"',
+                 "op": 'class="k-op"'}[n.kind]
+        if n.detail:
+            # a table, so each line gets its font's full height (lines of one text block would touch)
+            label = (f'<<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="0" CELLPADDING="1">'
+                     f"<TR><TD><B>{escape(n.label)}</B></TD></TR>"
+                     f'<TR><TD><FONT POINT-SIZE="9" COLOR="{th.muted}">{escape(n.detail)}</FONT></TD></TR></TABLE>>')
+        else:
+            label = _q(n.label)
+        tip = f", tooltip={_q(n.where)}" if n.where else ""
+        return f"{indent}{n.id} [label={label}, {attrs}{tip}];"
 
-def _dot(s: str) -> str:
-    return s.replace("\\", "\\\\").replace('"', '\\"')
+    def emit(cluster: str | None, indent: str) -> None:
+        for cid in children.get(cluster, []):
+            c = d.clusters[cid]
+            fill = th.helper if c.kind == "helper" else th.cluster
+            style = "rounded,filled,dashed" if c.kind == "helper" else "rounded,filled"
+            out.append(f"{indent}subgraph {cid} {{")
+            out.append(f'{indent}  label={_q(c.caption)}; style="{style}"; fillcolor="{fill}"; '
+                       f'color="{th.cluster_border}"; fontsize=10; fontcolor="{th.muted}"; labeljust=l; '
+                       f'penwidth={2 if c.kind == "loop" else 1}; class="k-cluster k-{c.kind}";')
+            emit(cid, indent + "  ")
+            out.append(f"{indent}}}")
+        for n in nodes_in.get(cluster, []):
+            out.append(node_line(n, indent))
 
-
-ROW, BOX_H, CHAR_W = 54, 26, 6.6
-
-
-def to_svg(d: Diagram) -> str:
-    """A top-to-bottom drawing: one row per node, expanded calls framed, skip edges routed on the left."""
-    longest = max((len(t) for _, _, t in d.edges), default=10)
-    x0 = 60 + 7 * 12 + longest * 6.0  # room on the left for the skip lanes and their labels
-    right = max([len(n.label) * CHAR_W + 40 for n in d.nodes] + [longest * 6.2 + 40, 460])
-    right = max(right, max((len(c) for c in d.groups.values()), default=0) * 6.2 + 40)
-    width = max(x0 + right, len(d.title) * 8.0 + 40)
-    height = 70 + ROW * len(d.nodes)
-    y = {n.id: 60 + ROW * i for i, n in enumerate(d.nodes)}
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height}" '
-           f'font-family="DejaVu Sans Mono, monospace" font-size="11">',
-           '<defs><marker id="a" markerWidth="8" markerHeight="8" refX="7" refY="4" orient="auto">'
-           '<path d="M0,0 L8,4 L0,8 z" fill="#555"/></marker></defs>',
-           '<rect width="100%" height="100%" fill="white"/>',
-           f'<text x="12" y="24" font-size="13" font-weight="bold">{escape(d.title)}</text>']
-    for g, caption in d.groups.items():
-        members = [y[n.id] for n in d.nodes if n.group == g]
-        if not members:
-            continue
-        top, bottom = min(members) - BOX_H / 2 - 16, max(members) + BOX_H / 2 + 6
-        out.append(f'<rect x="{x0 - 30:.0f}" y="{top}" width="{right:.0f}" height="{bottom - top}" rx="8" '
-                   f'fill="#f4f7fb" stroke="#9aa8bb"/>')
-        out.append(f'<text x="{x0 - 24:.0f}" y="{top + 12}" fill="#4a5a70" font-size="10">{escape(caption)}</text>')
-    lane = 0
-    for a, b, text in d.edges:
-        y1, y2 = y[a] + BOX_H / 2, y[b] - BOX_H / 2
-        if y[b] - y[a] == ROW:  # neighbours: straight down, the type beside the arrow
-            out.append(f'<line x1="{x0:.0f}" y1="{y1}" x2="{x0:.0f}" y2="{y2}" stroke="#555" marker-end="url(#a)"/>')
-            out.append(f'<text x="{x0 + 8:.0f}" y="{(y1 + y2) / 2 + 4}" fill="#1f5fa8">{escape(text)}</text>')
-        else:  # a skip edge: out to the left, down, back in; the type where it leaves
-            lane = lane % 7 + 1
-            x = x0 - 20 - 12 * lane
-            out.append(f'<path d="M{x0 - 20:.0f},{y[a]} H{x:.0f} V{y[b]} H{x0 - 22:.0f}" fill="none" stroke="#999" '
-                       f'stroke-dasharray="4 3" marker-end="url(#a)"/>')
-            out.append(f'<text x="{x - 4:.0f}" y="{y[a] + 4}" text-anchor="end" fill="#1f5fa8" font-size="10">'
-                       f'{escape(text)}</text>')
-    for n in d.nodes:
-        w = len(n.label) * CHAR_W + 16
-        fill = {"input": "#e3f2e1", "output": "#fbe9d0", "param": "#eeeeee"}.get(n.kind, "#ffffff")
-        rx = BOX_H / 2 if n.kind in ("input", "output") else 4
-        out.append(f'<rect x="{x0 - 20:.0f}" y="{y[n.id] - BOX_H / 2}" width="{w:.0f}" height="{BOX_H}" rx="{rx}" '
-                   f'fill="{fill}" stroke="#333"/>')
-        out.append(f'<text x="{x0 - 12:.0f}" y="{y[n.id] + 4}">{escape(n.label)}</text>')
-    out.append("</svg>")
+    emit(None, "  ")
+    # the entry's inputs side by side at the top, its results at the bottom
+    for rank, kind in (("min", "input"), ("max", "output")):
+        ends = [n.id for n in d.nodes if n.kind == kind and n.cluster is None]
+        if ends:
+            out.append(f"  {{ rank={rank}; {'; '.join(ends)}; }}")
+    for a, b, t in d.edges:
+        out.append(f"  {a} -> {b} [label={_q(t)}];")
+    out.append("}")
     return "\n".join(out) + "\n"
 
 
-def write_diagram(d: Diagram, path: Path) -> None:
-    text = to_dot(d) if path.suffix == ".dot" else to_svg(d)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+def theme_css(theme: str, scope: str) -> str:
+    """CSS that recolours an SVG rendered in any theme to ``theme`` (for pages that switch themes).
+
+    Graphviz writes colours as attributes; CSS rules outrank them, keyed on the classes the DOT sets (its
+    SVG keeps clusters and nodes as sibling groups, so descendant selectors stay within one shape).
+    """
+    th = THEMES[theme]
+    s = scope
+    rules = {
+        f"{s} .graph > polygon": f"fill: {th.background}",
+        f"{s} text": f"fill: {th.text}",
+        f"{s} .edge text": f"fill: {th.edge_text}",
+        f"{s} .cluster text, {s} .k-param text, {s} .node text[font-size='9.00']": f"fill: {th.muted}",
+        f"{s} .edge path": f"stroke: {th.edge}",
+        f"{s} .edge polygon": f"fill: {th.edge}; stroke: {th.edge}",
+        f"{s} .node path, {s} .node polygon, {s} .node polyline": f"stroke: {th.muted}",
+        f"{s} .k-op path": f"fill: {th.op}",
+        f"{s} .k-io path": f"fill: {th.io}",
+        f"{s} .k-call path": f"fill: {th.call}",
+        f"{s} .k-param polygon": f"fill: {th.param}",
+        f"{s} .k-helper path": f"fill: {th.helper}",
+        f"{s} .k-cluster path, {s} .k-cluster polygon": f"fill: {th.cluster}; stroke: {th.cluster_border}",
+        f"{s} .k-cluster.k-helper path, {s} .k-cluster.k-helper polygon": f"fill: {th.helper}",
+    }
+    return "\n".join(f"{k} {{ {v}; }}" for k, v in rules.items()) + "\n"
+
+
+def dot_command() -> str:
+    """The path of Graphviz's ``dot``, or a clear error saying how to install it."""
+    found = shutil.which("dot")
+    if found is None:
+        raise DiagramError("Graphviz's `dot` is not installed: `make setup` installs it "
+                           "(or `apt-get install graphviz`)")
+    return found
+
+
+def _dot(dot: str, fmt: str, title: str) -> bytes:
+    proc = subprocess.run([dot_command(), f"-T{fmt}"], input=dot.encode(), capture_output=True, timeout=300)
+    if proc.returncode != 0:
+        raise DiagramError(f"Graphviz failed on the diagram of {title}: {proc.stderr.decode(errors='replace')}")
+    return proc.stdout
+
+
+_TEXT = re.compile(r'<text text-anchor="(\w+)" x="([-\d.]+)" y="([-\d.]+)"[^>]*font-size="([\d.]+)"[^>]*>'
+                   r"([^<]*)</text>")
+
+
+def label_overlaps(svg: str) -> int:
+    """How many pairs of labels in a Graphviz SVG overlap, set in DejaVu Sans Mono (0.602 em a glyph)."""
+    boxes = []
+    for anchor, x, y, size, text in _TEXT.findall(svg):
+        w = len(unescape(text)) * float(size) * 0.602
+        x0 = float(x) - (w / 2 if anchor == "middle" else w if anchor == "end" else 0)
+        boxes.append((x0, float(y) - 0.78 * float(size), x0 + w, float(y) + 0.22 * float(size)))
+    return sum(1 for i, a in enumerate(boxes) for b in boxes[i + 1:]
+               if a[0] + 0.5 < b[2] and b[0] + 0.5 < a[2] and a[1] + 0.5 < b[3] and b[1] + 0.5 < a[3])
+
+
+def render(d: Diagram, fmt: str = "svg", theme: str = "light") -> bytes:
+    """Lay the diagram out with Graphviz and return the SVG or PNG bytes.
+
+    Graphviz sizes labels with its own font metrics, and now and then sets two edge labels a few
+    points into each other; the layout is then redone with more space between nodes (up to three times).
+    """
+    if fmt not in ("svg", "png"):
+        raise DiagramError(f"unknown diagram format {fmt!r}; write .svg, .png or .dot")
+    for nodesep in (0.4, 0.55, 0.75):
+        dot = to_dot(d, theme, nodesep)
+        svg = _dot(dot, "svg", d.title)
+        if not label_overlaps(svg.decode()):
+            break
+    return svg if fmt == "svg" else _dot(dot, fmt, d.title)
+
+
+def write_diagram(d: Diagram, path: Path, theme: str = "light") -> None:
+    """Write ``.svg``, ``.png`` or ``.dot`` by the file's suffix (atomically)."""
+    suffix = path.suffix.lower()
+    if suffix == ".dot":
+        data = to_dot(d, theme).encode()
+    elif suffix in (".svg", ".png"):
+        data = render(d, suffix[1:], theme)
+    else:
+        raise DiagramError(f"{path}: write a .svg, .png or .dot file (got {suffix or 'no suffix'!r})")
+    from ..runtime.output import write_bytes
+
+    write_bytes(path, data)
+
+
+__all__ = ["THEMES", "Cluster", "DNode", "Diagram", "DiagramError", "entry_diagram", "render", "theme_css", "to_dot",
+           "write_diagram"]

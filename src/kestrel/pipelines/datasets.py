@@ -21,11 +21,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import KestrelError
+
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 TABLE_SUFFIXES = frozenset({".parquet", ".csv"})
 
 
-class SourceError(ValueError):
+class SourceError(KestrelError, ValueError):
     """A dataset source that cannot be read: missing, empty, or a table without the path column."""
 
 

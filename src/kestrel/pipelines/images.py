@@ -29,6 +29,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from ..errors import KestrelError
+
 PathLike = str | os.PathLike[str]
 ImageSource = PathLike | Image.Image
 
@@ -84,7 +86,7 @@ _PROCESSOR_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-class ImageError(ValueError):
+class ImageError(KestrelError, ValueError):
     """An image file that is missing or cannot be decoded."""
 
     def __init__(self, path: PathLike, reason: str) -> None:
@@ -92,15 +94,46 @@ class ImageError(ValueError):
         super().__init__(f"cannot read image {self.path}: {reason}")
 
 
+MAX_PIXELS = 1 << 26  # 67,108,864 pixels (8192 x 8192): about 200 MB as 8-bit RGB
+
+
+def max_pixels() -> int:
+    """The pixel limit of a decoded image and of every resize target: ``KESTREL_MAX_PIXELS`` or
+    :data:`MAX_PIXELS`. It bounds memory and time whatever the file's size (a 475-byte PNG can be 1 x 100,000
+    pixels, which a shortest-edge resize to 256 would turn into 256 x 25,600,000)."""
+    value = os.environ.get("KESTREL_MAX_PIXELS", "").strip()
+    if not value:
+        return MAX_PIXELS
+    try:
+        limit = int(value)
+    except ValueError:
+        raise ImageError("<environment>", f"KESTREL_MAX_PIXELS must be a positive integer, got {value!r}") from None
+    if limit < 1:
+        raise ImageError("<environment>", f"KESTREL_MAX_PIXELS must be a positive integer, got {value!r}")
+    return limit
+
+
+def check_pixels(source: PathLike | str, width: int, height: int, what: str = "the image has") -> None:
+    """Raise :class:`ImageError` when ``width x height`` is above :func:`max_pixels`."""
+    limit = max_pixels()
+    if width * height > limit:
+        raise ImageError(source, f"{what} {width} x {height} = {width * height:,} pixels (width x height), "
+                                 f"above the limit of {limit:,}; set KESTREL_MAX_PIXELS to allow more")
+
+
 def load_image(path: PathLike) -> Image.Image:
     """Open an image file as an upright RGB image, as ``transformers.image_utils.load_image`` does.
 
     The EXIF orientation is applied and the image is converted with ``convert("RGB")``, which drops an
-    alpha band. A missing or undecodable file raises :class:`ImageError` naming the path and the reason.
+    alpha band. A missing or undecodable file, or one with more than :func:`max_pixels` pixels (checked from
+    the header, before decoding), raises :class:`ImageError` naming the path and the reason.
     """
     try:
         with Image.open(path) as raw:
+            check_pixels(path, raw.width, raw.height)
             return ImageOps.exif_transpose(raw).convert("RGB")
+    except ImageError:
+        raise
     except UnidentifiedImageError as exc:
         raise ImageError(path, "not a recognised image format") from exc
     except OSError as exc:
@@ -249,22 +282,36 @@ class ImagePreprocess:
         shapes = sorted({tuple(p.shape[1:]) for p in pixels})
         if len(shapes) > 1:
             raise ValueError(f"images came out in different sizes {shapes}; add a crop or exact resize")
-        batch = (torch.stack(pixels).to(torch.float64) * self.rescale).to(torch.float32)
+        return self.finish(torch.stack(pixels))
+
+    def finish(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Rescale and normalize 8-bit ``[B, 3, H, W]`` pixels (from :meth:`pixels`) to float32."""
+        batch = (pixels.to(torch.float64) * self.rescale).to(torch.float32)
         mean = torch.tensor(self.mean, dtype=torch.float32).view(1, 3, 1, 1)
         std = torch.tensor(self.std, dtype=torch.float32).view(1, 3, 1, 1)
         return (batch - mean) / std
 
     def pixels(self, image: ImageSource) -> torch.Tensor:
         """The resized and cropped 8-bit pixels of one image, ``uint8 [3, H, W]``."""
+        source = "<PIL image>"
         if isinstance(image, str | os.PathLike):
+            source = os.fspath(image)
             image = load_image(image)
         elif not isinstance(image, Image.Image):
             raise TypeError(f"expected a path or a PIL image, got {type(image).__name__}")
+        else:
+            check_pixels(source, image.width, image.height)
         image = to_rgb(image)
         size = self.resize
         if self.shortest_edge is not None:
             size = shortest_edge_size(image.height, image.width, self.shortest_edge)
         if size is not None:
+            if min(size) < 1:
+                raise ImageError(source, f"its {image.width} x {image.height} pixels resize to {size[1]} x "
+                                         f"{size[0]}: the aspect ratio is too extreme for this model")
+            check_pixels(source, size[1], size[0],
+                         f"its {image.width} x {image.height} pixels would resize (shorter side to "
+                         f"{self.shortest_edge}) to" if self.shortest_edge is not None else "the resize target is")
             image = image.resize((size[1], size[0]), resample=RESAMPLE[self.resample])
         pixels = torch.from_numpy(np.array(image)).permute(2, 0, 1)
         return pixels if self.crop is None else center_crop(pixels, self.crop)

@@ -26,13 +26,14 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from ..errors import KestrelError
 from .images import RESAMPLE, ImageSource, load_image, to_rgb
 
 LABELS = {1: "foreground", 0: "background", -1: "not a point", -10: "padding (ignored)"}
 PAD = -10  # the processor's point_pad_value
 
 
-class PromptError(ValueError):
+class PromptError(KestrelError, ValueError):
     """A prompt that SAM cannot take: names the prompt, what was expected and what was given."""
 
 

@@ -19,13 +19,14 @@ from typing import Any, Protocol
 
 import torch
 
+from ..errors import KestrelError
 from .images import ImageSource
 from .sam_processing import Prompt, PromptError, SamImageProcessor, prompt_tensors
 
 EMBEDDING_FORMAT = "kestrel.segment.embedding/1"
 
 
-class EmbeddingError(ValueError):
+class EmbeddingError(KestrelError, ValueError):
     """An embeddings file that belongs to another model, revision or image, or is not one."""
 
 

@@ -28,6 +28,8 @@ from typing import Any
 import sentencepiece as spm
 import torch
 
+from ..errors import KestrelError
+
 SPIECE_UNDERLINE = "\u2581"
 SPIECE_MODEL_FILE = "spiece.model"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -39,7 +41,7 @@ _WHITESPACE_RUN = re.compile(r"\s+")
 _SPECIAL_TOKEN_KEYS = ("eos_token", "pad_token", "unk_token")
 
 
-class TokenizerError(ValueError):
+class TokenizerError(KestrelError, ValueError):
     """A tokenizer that cannot be built from the given files, or input it cannot take."""
 
 

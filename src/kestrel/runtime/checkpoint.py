@@ -18,7 +18,6 @@ import json
 import math
 import os
 import struct
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,9 @@ from pathlib import Path
 import safetensors
 import safetensors.torch
 import torch
+
+from ..errors import KestrelError
+from .output import atomic_path
 
 __all__ = [
     "CheckpointError",
@@ -113,7 +115,7 @@ _TORCH_DTYPES: dict[str, torch.dtype] = {
 _SAFETENSORS_NAMES: dict[torch.dtype, str] = {dt: name for name, dt in _TORCH_DTYPES.items()}
 
 
-class CheckpointError(ValueError):
+class CheckpointError(KestrelError, ValueError):
     """A checkpoint cannot be used.
 
     The message names the file, the tensor or parameter, and what was expected and found.
@@ -558,44 +560,23 @@ def load_tensors(
     return out
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # e.g. on Windows directories cannot be opened
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def save_tensors(
     tensors: Mapping[str, torch.Tensor],
     path: str | os.PathLike[str],
     metadata: Mapping[str, str] | None = None,
 ) -> None:
-    """Write ``tensors`` to a safetensors file atomically.
+    """Write ``tensors`` to a safetensors file atomically, through :mod:`kestrel.runtime.output`.
 
     The data goes to a temporary file in the same directory, which is flushed to disk and then renamed over
-    ``path`` with ``os.replace``: readers see either the old file or the complete new one, and on any failure
-    the temporary file is removed (an existing file at ``path`` is left untouched). Errors are raised as
-    :class:`CheckpointError` naming the path.
+    ``path``: readers see either the old file or the complete new one, and on any failure the temporary file
+    is removed (an existing file at ``path`` is left untouched). The file gets the umask's permissions, and
+    a symbolic link, folder or device at ``path`` is refused. A destination that cannot be written raises
+    :class:`~kestrel.errors.OutputError`; tensors that cannot be saved raise :class:`CheckpointError`.
     """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
+    with atomic_path(path) as tmp:
         try:
             safetensors.torch.save_file(
                 dict(tensors), str(tmp), metadata=dict(metadata) if metadata is not None else None
             )
-            with tmp.open("rb") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-    except (safetensors.SafetensorError, OSError, RuntimeError, ValueError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"{path}: cannot save tensors: {type(e).__name__}: {e}") from e
-    _fsync_dir(path.parent)
+        except (safetensors.SafetensorError, OSError, RuntimeError, ValueError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{path}: cannot save tensors: {type(e).__name__}: {e}") from e

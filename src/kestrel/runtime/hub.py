@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +24,8 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+
+from ..errors import KestrelError
 
 __all__ = ["ALLOWED_FILE_PATTERNS", "HubError", "fetch", "hub_cache_dir", "is_offline"]
 
@@ -48,7 +51,7 @@ ALLOWED_FILE_PATTERNS: tuple[str, ...] = (
 _TRUE = {"1", "ON", "YES", "TRUE"}
 
 
-class HubError(RuntimeError):
+class HubError(KestrelError, RuntimeError):
     """A repo could not be resolved to a local snapshot.
 
     The message says which repo and revision was wanted, where the cache is, and how to proceed.
@@ -123,6 +126,50 @@ def _network_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+DEFAULT_CONNECT_TIMEOUT = 5.0  # seconds; KESTREL_HUB_TIMEOUT overrides
+
+
+def _connect_timeout() -> float:
+    try:
+        value = float(os.environ.get("KESTREL_HUB_TIMEOUT", "") or DEFAULT_CONNECT_TIMEOUT)
+    except ValueError:
+        return DEFAULT_CONNECT_TIMEOUT
+    return value if value > 0 else DEFAULT_CONNECT_TIMEOUT
+
+
+def _endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or hf_constants.ENDPOINT).rstrip("/")
+
+
+def _probe_hub(timeout: float) -> str | None:
+    """None when the Hub endpoint answers at all (any HTTP status), else why not, after one short try.
+
+    Uses huggingface_hub's own HTTP session (so its proxy settings and client factory apply), without its
+    retries: a machine without network should hear so at once.
+    """
+    from huggingface_hub.utils import get_session
+
+    url = f"{_endpoint()}/api/models"
+    try:
+        get_session().head(url, timeout=timeout)
+    except _network_errors() as e:
+        return f"{url}: no answer (one try, {timeout:g} s timeout): {type(e).__name__}: {e}"
+    return None
+
+
+def _cached_snapshot(repo_id: str, revision: str, patterns: list[str], cache: Path) -> Path | None:
+    """The complete cached snapshot of a pinned commit, or None (then the Hub is asked)."""
+    try:
+        snapshot = Path(huggingface_hub.snapshot_download(
+            repo_id, revision=revision, allow_patterns=patterns, cache_dir=str(cache), local_files_only=True))
+    except (LocalEntryNotFoundError, ValueError, OSError):
+        return None
+    has = any(p.is_file() and any(fnmatch.fnmatch(p.relative_to(snapshot).as_posix(), pat) for pat in patterns)
+              for p in snapshot.rglob("*"))
+    return snapshot if has else None
+
+
 def _how_to_proceed(repo_id: str, revision: str, patterns: list[str], cache: Path) -> str:
     include = " ".join(f"--include '{p}'" for p in patterns)
     return (
@@ -175,6 +222,17 @@ def fetch(
     else:
         reason = "the Hub could not be reached"
     not_cached = f"{wanted} is not in the Hugging Face cache at {cache} and {reason}."
+
+    if not local_only:
+        # A pinned commit never changes: a complete cached copy needs no network at all.
+        if _COMMIT.match(revision):
+            cached = _cached_snapshot(repo_id, revision, patterns, cache)
+            if cached is not None:
+                return cached
+        # Fail in seconds, not after a minute of retries, when the Hub cannot be reached at all.
+        unreachable = _probe_hub(_connect_timeout())
+        if unreachable is not None:
+            raise HubError(f"{not_cached}\n{hint}\n({unreachable})")
 
     try:
         snapshot = huggingface_hub.snapshot_download(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import torch
 
 from ..blocks import Block
 from ..blocks.block import bind_generics, parameter_manifest
-from ..models.cards import CARDS, Card, CardError, Family, family_for_config
+from ..models.cards import CARDS, FAMILIES, Card, CardError, Family, family_for_config, find_card
 from ..types.dtypes import DType, dtype_named
 from .checkpoint import CheckpointError, Expected, load_tensors, plan_load, read_headers, safetensors_dtype
 from .hub import fetch
@@ -33,10 +34,11 @@ class Loaded:
     generics: dict[str, Any]
     card: Card | None = None
     unused: list[str] = field(default_factory=list)
+    origin: str = ""  # the hub id it was fetched as, when it has no card
 
     @property
     def name(self) -> str:
-        return self.card.name if self.card else self.directory.name
+        return self.card.name if self.card else (self.origin or self.directory.name)
 
     @property
     def labels(self) -> dict[int, str]:
@@ -44,22 +46,66 @@ class Loaded:
         return {int(k): v for k, v in (self.config.get("id2label") or {}).items()}
 
 
+# what a hub id that is not a card may fetch: every family's files (safetensors, configs, tokenizers)
+HUB_FILES: list[str] = sorted({f for fam in FAMILIES for f in fam.files}
+                              | {f for card in CARDS.values() for f in card.extra_files})
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
 def resolve(name_or_dir: str | os.PathLike[str], weights: str | os.PathLike[str] | None = None,
             revision: str | None = None) -> tuple[Path, Card | None]:
-    """A card name (fetched from the hub at its pinned revision, or read from ``weights``) or a directory."""
-    path = Path(name_or_dir)
+    """Where a model's files are, and its card if it has one.
+
+    A card name or its hub repo (``google/vit-base-patch16-224``) is fetched at the card's pinned revision,
+    or read from ``weights``; a directory is used as it is; any other hub id (``org/name``) is fetched at
+    ``revision`` (default ``main``) and must be of a family Kestrel knows (its ``config.json`` decides).
+    """
+    name = os.fspath(name_or_dir)
+    card = find_card(name)
     if weights is not None:
-        card = CARDS.get(str(name_or_dir))
-        return Path(weights), card
-    if str(name_or_dir) in CARDS:
-        card = CARDS[str(name_or_dir)]
+        where = Path(weights)
+        if not where.is_dir():
+            raise CardError(f"weights {where}: {'not a folder' if where.exists() else 'no such folder'}; give "
+                            "the folder that holds config.json and *.safetensors")
+        return where, card
+    if card is not None:
         return fetch(card.repo, revision or card.revision, card.files), card
-    if path.is_dir():
-        return path, None
-    if path.exists():
-        raise CardError(f"{path} is a file; give the checkpoint directory (with config.json and *.safetensors)")
+    if Path(name).is_dir():
+        return Path(name), None
+    check_model_name(name)
+    return fetch(name, revision or "main", HUB_FILES), None
+
+
+def check_model_name(name: str) -> None:
+    """Raise :class:`CardError` unless ``name`` can name a model: a card, its hub id, a directory, ``org/name``.
+
+    No file is read and no network is used: for commands that check their arguments before the work.
+    """
+    if find_card(name) is not None or Path(name).is_dir():
+        return
+    if Path(name).exists():
+        raise CardError(f"{name} is a file; give the checkpoint directory (with config.json and *.safetensors)")
+    if _HUB_ID.match(name) and not name.startswith((".", "/")):
+        return
     known = ", ".join(sorted(CARDS))
-    raise CardError(f"unknown model {str(name_or_dir)!r}: not a directory and not one of {known}")
+    raise CardError(f"unknown model {name!r}: not a directory, not a hub id (org/name) and not one of {known}")
+
+
+def peek(name_or_dir: str | os.PathLike[str], weights: str | os.PathLike[str] | None = None
+         ) -> tuple[Family, dict[str, Any]] | None:
+    """The family and ``config.json`` of a model, read without weights or network; None when that needs the hub.
+
+    For checks that should fail before any download or load (a flag that does not fit the model).
+    """
+    name = os.fspath(name_or_dir)
+    card = find_card(name)
+    directory = Path(weights) if weights is not None else Path(name)
+    if directory.is_dir() and (directory / "config.json").is_file():
+        config = read_config(directory)
+        return family_for_config(config, directory), config
+    if card is not None:
+        return card.family, card.config
+    return None
 
 
 def read_config(directory: Path) -> dict[str, Any]:
@@ -92,7 +138,8 @@ def load(name_or_dir: str | os.PathLike[str], *, weights: str | os.PathLike[str]
     root = family.root(config)
     model = _build(root, family, config, bound, directory)
     model.configure(**family.settings(config))
-    model.loaded = Loaded(family, directory, config, bound, card)  # type: ignore[assignment]
+    origin = "" if card is not None or weights is not None or Path(name_or_dir).is_dir() else os.fspath(name_or_dir)
+    model.loaded = Loaded(family, directory, config, bound, card, origin=origin)  # type: ignore[assignment]
     model.requires_grad_(False)  # an inference model; call requires_grad_(True) to fine-tune
     return model.eval().to(device)
 

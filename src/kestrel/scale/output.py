@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import KestrelError
 from ..pipelines.datasets import Shard, SourceError
 from ..pipelines.jobs import JobSpec, ShardResult
 
@@ -30,7 +31,7 @@ FAILURES = "failures.parquet"
 FORMAT = "kestrel-dataset/1"
 
 
-class OutputError(ValueError):
+class OutputError(KestrelError, ValueError):
     """An output folder that holds something else, or another job's shards."""
 
 

@@ -18,11 +18,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import KestrelError
 from ..pipelines.datasets import Shard
 from ..pipelines.jobs import JobSpec, ShardResult
 
 
-class RayUnavailableError(ImportError):
+class RayUnavailableError(KestrelError, ImportError):
     """Ray is not installed: ``pip install 'kestrel[ray]'``."""
 
 
@@ -78,7 +79,7 @@ def _decode(row: dict[str, Any]) -> ShardResult:
     return ShardResult(table, [tuple(f) for f in json.loads(row["failures"])], seconds, worker, cpu, rss)
 
 
-class WorkerError(RuntimeError):
+class WorkerError(KestrelError, RuntimeError):
     """A Kestrel error raised in a Ray worker, as the driver sees it (Ray keeps its type name and text)."""
 
 

@@ -10,11 +10,12 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..errors import KestrelError
 from .facts import Fact
 from .poly import AtomOrder, Poly, floordiv, maximum, minimum, mod
 
 
-class DimParseError(ValueError):
+class DimParseError(KestrelError, ValueError):
     """A notation error, with the text and the column it points at."""
 
     def __init__(self, message: str, text: str, column: int) -> None:

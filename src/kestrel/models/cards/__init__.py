@@ -11,6 +11,16 @@ FAMILIES: list[Family] = [vit.FAMILY, dinov2.FAMILY, siglip.FAMILY, sam.FAMILY]
 CARDS: dict[str, Card] = {c.name: c for mod in (vit, dinov2, siglip, sam) for c in mod.CARDS}
 
 
+def find_card(name: str) -> Card | None:
+    """The card called ``name`` (``vit-base-patch16-224``), or whose hub repo it is
+    (``google/vit-base-patch16-224``, any letter case); None for anything else."""
+    if name in CARDS:
+        return CARDS[name]
+    if "/" in name:
+        return next((c for c in CARDS.values() if c.repo.lower() == name.strip("/").lower()), None)
+    return None
+
+
 def family_for_config(config: dict, where: Path) -> Family:
     """The family whose ``model_type`` the config declares."""
     mt = config.get("model_type")
@@ -21,4 +31,4 @@ def family_for_config(config: dict, where: Path) -> Family:
     raise CardError(f"{where}: config.json has model_type {mt!r}; Kestrel knows {known}")
 
 
-__all__ = ["CARDS", "FAMILIES", "Bindings", "Card", "CardError", "Family", "family_for_config", "pair"]
+__all__ = ["CARDS", "FAMILIES", "Bindings", "Card", "CardError", "Family", "family_for_config", "find_card", "pair"]

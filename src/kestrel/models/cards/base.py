@@ -16,9 +16,10 @@ from typing import Any
 import torch
 
 from ...blocks import Block
+from ...errors import KestrelError
 
 
-class CardError(ValueError):
+class CardError(KestrelError, ValueError):
     """A config or checkpoint that no card understands, or an unknown model name."""
 
 
@@ -72,6 +73,7 @@ class Family:
     files: tuple[str, ...] = ("config.json", "model.safetensors", "model.safetensors.index.json",
                               "model-*.safetensors", "preprocessor_config.json")
     description: str = ""
+    license: str = ""  # the upstream checkpoints' license (SPDX id)
 
 
 @dataclass(frozen=True, eq=False)

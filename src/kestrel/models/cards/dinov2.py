@@ -102,6 +102,7 @@ FAMILY = Family(
                 "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
                 "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]},
     description="DINOv2 self-supervised ViT backbone",
+    license="Apache-2.0",
 )
 
 _TITLE = "DINOv2-{}: the class token and one token per 14 x 14 patch"

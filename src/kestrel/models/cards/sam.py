@@ -144,6 +144,7 @@ FAMILY = Family(
                 "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "do_pad": True,
                 "pad_size": {"height": 1024, "width": 1024}, "do_convert_rgb": True},
     description="Segment Anything: image encoder, point, box and mask prompts, mask decoder",
+    license="Apache-2.0",
 )
 
 def _config(hidden: int, layers: int, globals_: list[int]) -> dict[str, Any]:

@@ -131,6 +131,7 @@ FAMILY = Family(
                 "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5],
                 "image_std": [0.5, 0.5, 0.5]},
     description="SigLIP image-text model (zero-shot classification)",
+    license="Apache-2.0",
 )
 
 CARDS = [

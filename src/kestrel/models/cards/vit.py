@@ -59,6 +59,7 @@ FAMILY = Family(
                 "resample": 2, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
                 "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
     description="ViT image classifier",
+    license="Apache-2.0",
 )
 
 CARDS = [

@@ -1,0 +1,415 @@
+"""The registry site: an index with search, and one page per model laid out as the seeds show it.
+
+A model page holds, in the seeds' order, the preview graph of the main entry, the entries table, the
+generics table (as the checkpoint binds them) and every block as ``kestrel inspect`` prints it, each
+block anchored and its sub types linked to their blocks. After those: the card (what the model is, the
+checkpoint with revision and license, how to load it, the tasks it serves), the parameter manifest, a
+graph per entry, and benchmark charts when a ``bench/run.py --out`` results file is given.
+
+Everything on a page is derived from the declarations, the checked graphs and the card.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from html import escape
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ..blocks import Block
+from ..blocks.block import bind_generics
+from ..blocks.decl import BlockDecl, SubDecl
+from ..checker.check import Report, check_program
+from ..errors import KestrelError
+from ..inspect.diagram import entry_diagram, render, theme_css
+from ..inspect.manifest import parameter_rows
+from ..inspect.printer import format_block, format_signature, listed_blocks
+from ..models.cards import CARDS, Card
+from ..types.dtypes import DTypeKind
+from .charts import bench_charts
+
+ASSETS = ("site.css", "site.js")
+
+
+class SiteError(KestrelError, ValueError):
+    """A site that cannot be built as asked (an unknown model, an unreadable results file)."""
+
+
+@dataclass
+class Program:
+    """One root block, checked once, with its entry graphs rendered once (cards of a family share it)."""
+
+    root: type[Block]
+    report: Report
+    svgs: dict[str, str]  # entry -> inline SVG
+
+
+# -------------------------------------------------------------------------------------- helpers
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-")
+
+
+def block_anchor(qualname: str) -> str:
+    return "b-" + slug(qualname.replace("::", "--"))
+
+
+def _page(title: str, body: str, depth: int, extra_head: str = "") -> str:
+    up = "../" * depth
+    return f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{escape(title)}</title>
+<link rel="icon" href="data:,">
+<link rel="stylesheet" href="{up}assets/site.css">
+<script src="{up}assets/theme.js"></script>
+{extra_head}</head>
+<body>
+<header class="top">
+  <a class="brand" href="{up}index.html">Kestrel registry</a>
+  <nav><a href="{up}index.html#models">Models</a><a href="{up}index.html#search">Search</a></nav>
+  <button id="theme-toggle" type="button" aria-label="switch between light and dark">Dark theme</button>
+</header>
+<main>
+{body}
+</main>
+<footer>Built by <code>kestrel site</code> from the model declarations; every listing is derived, none is stored.
+</footer>
+<script src="{up}assets/site.js"></script>
+</body>
+</html>
+"""
+
+
+def _inline_svg(svg: str, prefix: str) -> str:
+    """Graphviz's SVG for inlining: no XML prolog, ids made unique on the page, scalable."""
+    start = svg.index("<svg")
+    body = svg[start:]
+    body = re.sub(r'\bid="', f'id="{prefix}-', body)
+    # fitted to the page, but never below 70% of its size (labels stay legible; a wide graph scrolls)
+    body = re.sub(r'<svg width="([\d.]+)pt" height="([\d.]+)pt"',
+                  lambda m: f'<svg width="{m[1]}pt" height="{m[2]}pt" class="kg-svg" role="img" '
+                            f'style="min-width: {0.7 * float(m[1]):.0f}pt"', body, count=1)
+    return body
+
+
+def _generic_kind(g: Any) -> str:
+    return g.kind.name if isinstance(g.kind, DTypeKind) else g.kind.__name__
+
+
+def _block_html(decl: BlockDecl, known: dict[str, str]) -> str:
+    """The block's ``inspect`` text with each sub's block type linked to that block's anchor."""
+    lines = format_block(decl).split("\n")
+    out = [escape(lines[0])]
+    members = decl.members
+    for i, line in enumerate(lines[1:]):
+        m = members[i] if i < len(members) else None
+        if isinstance(m, SubDecl):
+            callee = m.block.decl()
+            head, sep, rest = line.partition(": ")
+            name_at = rest.find(callee.name + "<")
+            if name_at < 0:
+                name_at = rest.find(callee.name)
+            if sep and name_at >= 0 and callee.qualname in known:
+                rest_html = (escape(rest[:name_at]) + f'<a href="#{known[callee.qualname]}">{escape(callee.name)}</a>'
+                             + escape(rest[name_at + len(callee.name):]))
+                out.append(escape(head + sep) + rest_html)
+                continue
+        out.append(escape(line))
+    return "\n".join(out)
+
+
+def _table(headers: list[str], rows: Iterable[list[str]], cls: str) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = "\n".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f'<table class="{cls}">\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table>'
+
+
+# --------------------------------------------------------------------------------------- tasks
+
+# (command, what it does, when a program serves it: a test on its entry names and generics)
+TASKS: list[tuple[str, str, Callable[[set[str], set[str]], bool]]] = [
+    ("classify", "top-k labels for images", lambda e, g: "forward" in e and "Classes" in g),
+    ("embed", "image features to a safetensors file",
+     lambda e, g: bool({"features", "image_features"} & e) or ("forward" in e and "Classes" not in g)),
+    ("zero-shot", "free-text labels scored against images", lambda e, g: {"image_features", "text_features"} <= e),
+    ("similarity", "a table of image x text scores", lambda e, g: {"image_features", "text_features"} <= e),
+    ("segment", "masks from point or box prompts", lambda e, g: "decode_points" in e),
+]
+
+
+def served_tasks(root: type[Block]) -> list[tuple[str, str]]:
+    """The ``kestrel`` commands that run this program (only those the installed CLI has)."""
+    from ..cli.main import build_parser
+
+    commands: set[str] = set()
+    for action in build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            commands |= set(action.choices)
+    decl = root.decl()
+    entries = {fn.name for fn in decl.entries}
+    generics = {g.name for g in decl.generics}
+    return [(cmd, what) for cmd, what, serves in TASKS if cmd in commands and serves(entries, generics)]
+
+
+# --------------------------------------------------------------------------------------- pages
+
+def _preview_caption(entry: str) -> str:
+    return (f"The {entry} entry with one level of blocks expanded. Every edge carries the tensor type the "
+            f"checker inferred at that point, in the model's own generics.")
+
+
+def _graph_figure(card: Card, entry: str, svg: str, fig_id: str, caption: str) -> str:
+    href = f"../graphs/{card.name}.{entry}.svg"
+    return (f'<figure class="graph" id="{fig_id}">\n'
+            f'<div class="graph-tools"><button type="button" class="zoom">Actual size</button>'
+            f'<a href="{href}">Open the SVG</a></div>\n'
+            f'<div class="kg">{_inline_svg(svg, fig_id)}</div>\n'
+            f"<figcaption>{escape(caption)}</figcaption>\n</figure>")
+
+
+def model_page(card: Card, program: Program, bench: dict[str, Any] | None) -> str:
+    root = program.root
+    decl = root.decl()
+    blocks = listed_blocks(root)
+    anchors = {b.qualname: block_anchor(b.qualname) for b in blocks}
+    main_entry = decl.entries[0].name
+    bound = bind_generics(decl, card.generics())
+    parts: list[str] = [f'<h1>{escape(card.title)}</h1>\n<p class="sub"><code>{escape(card.name)}</code> · '
+                        f"<code>{escape(decl.qualname)}</code> · {escape(card.family.description)}</p>"]
+    parts.append('<nav class="toc">' + " ".join(
+        f'<a href="#{a}">{t}</a>' for a, t in [("preview", "Graph"), ("entries", "Entries"), ("generics", "Generics"),
+                                              ("blocks", "Blocks"), ("card", "Card"), ("parameters", "Parameters"),
+                                              ("graphs", "Entry graphs"), ("benchmarks", "Benchmarks")]) + "</nav>")
+    parts.append(_graph_figure(card, main_entry, program.svgs[main_entry], "preview", _preview_caption(main_entry)))
+
+    parts.append('<section id="entries">\n<h2>Entries</h2>')
+    parts.append(_table(["Entry", "Signature"],
+                        ([f'<a href="#graph-{slug(fn.name)}"><code>{escape(fn.name)}</code></a>',
+                          f"<code>{escape(format_signature(fn, decl.order))}</code>"] for fn in decl.entries),
+                        "entries"))
+    parts.append("</section>")
+
+    parts.append('<section id="generics">\n<h2>Generics</h2>\n'
+                 "<p>The root block's generics as this checkpoint binds them.</p>")
+    parts.append(_table(["Name", "Kind", "Value"],
+                        ([f"<code>{escape(g.name)}</code>", escape(_generic_kind(g)),
+                          f"<code>{escape(str(bound.get(g.name, '?')))}</code>"] for g in decl.generics),
+                        "generics"))
+    parts.append("</section>")
+
+    parts.append('<section id="blocks">\n<h2>Blocks</h2>\n<p>Every block of the program with its members and '
+                 "functions, as <code>kestrel inspect</code> prints them.</p>")
+    for b in blocks:
+        parts.append(f'<section class="block" id="{anchors[b.qualname]}">\n'
+                     f'<h3><a class="anchor" href="#{anchors[b.qualname]}">{escape(b.name)}</a></h3>\n'
+                     f'<pre class="block-text">{_block_html(b, anchors)}</pre>\n</section>')
+    parts.append("</section>")
+
+    parts.append(_card_section(card, root))
+    parts.append(_parameters_section(card, root))
+
+    parts.append('<section id="graphs">\n<h2>Entry graphs</h2>')
+    for fn in decl.entries:
+        fid = f"graph-{slug(fn.name)}"
+        if fn.name == main_entry:
+            parts.append(f'<p id="{fid}">The <code>{escape(fn.name)}</code> graph is the '
+                         f'<a href="#preview">preview above</a>.</p>')
+            continue
+        parts.append(_graph_figure(card, fn.name, program.svgs[fn.name], fid, _preview_caption(fn.name)))
+    parts.append("</section>")
+
+    parts.append('<section id="benchmarks">\n<h2>Benchmarks</h2>')
+    charts = bench_charts(bench, card.family.name) if bench else ""
+    parts.append(charts or "<p>No benchmark results for this model in this build: run <code>make bench</code> "
+                 "(<code>bench/run.py --out results.json</code>) and build with "
+                 "<code>kestrel site --bench results.json</code>.</p>")
+    parts.append("</section>")
+    return _page(f"{card.title} · Kestrel", "\n".join(parts), depth=1)
+
+
+def _card_section(card: Card, root: type[Block]) -> str:
+    decl = root.decl()
+    entry = decl.entries[0]
+    args = ", ".join(n for n, _ in entry.params)
+    rows = [
+        ["Model", escape(card.title)],
+        ["Family", f"<code>{escape(card.family.name)}</code>: {escape(card.family.description)}"],
+        ["Checkpoint", f"<code>{escape(card.repo)}</code>"],
+        ["Revision", f"<code>{escape(card.revision)}</code>"],
+        ["License", escape(card.family.license or "as stated by the upstream checkpoint")],
+        ["Program", f'<a href="#{block_anchor(decl.qualname)}"><code>{escape(decl.qualname)}</code></a>'],
+    ]
+    tasks = served_tasks(root)
+    task_html = "".join(f"<li><code>kestrel {escape(c)}</code>: {escape(w)}</li>" for c, w in tasks)
+    cli = [f"kestrel inspect {card.name}", f"kestrel inspect {card.name} --parameters",
+           f"kestrel diagram {card.name} --entry {entry.name} -o {entry.name}.svg"]
+    cli += [f"kestrel {c} ... --model {card.name}   # kestrel {c} --help: its arguments" for c, _ in tasks]
+    python = (f'import kestrel\nmodel = kestrel.load("{card.name}")   # {card.repo} @ {card.revision[:12]}, '
+              f'or weights="dir/"\nout = model.{entry.name}({args})')
+    return ('<section id="card">\n<h2>Card</h2>\n'
+            + _table(["", ""], rows, "card").replace("<thead><tr><th></th><th></th></tr></thead>\n", "")
+            + "\n<h3>Load it</h3>\n<p>From Python:</p>\n"
+            f'<pre class="code">{escape(python)}</pre>\n<p>From the command line:</p>\n'
+            f'<pre class="code">{escape(chr(10).join(cli))}</pre>\n'
+            f'<h3>Tasks</h3>\n<ul class="tasks">{task_html or "<li>No task command runs this model yet.</li>"}</ul>'
+            "\n</section>")
+
+
+def _parameters_section(card: Card, root: type[Block]) -> str:
+    rows = parameter_rows(root, card.generics())
+    total = 0
+    body = []
+    for r in rows:
+        count = 1
+        for s in r["shape"]:
+            count *= s
+        total += count
+        shape = "[" + ", ".join(map(str, r["shape"])) + "]" + ("?" if r["optional"] else "")
+        body.append([f"<code>{escape(r['path'])}</code>", f"<code>{shape}</code>", escape(r["dtype"]),
+                     f"{count:,}"])
+    summary = f"{len(rows):,} parameter tensors, {total:,} values ({total / 1e6:.1f} M)"
+    return (f'<section id="parameters">\n<h2>Parameters</h2>\n<p class="totals">{summary}</p>\n'
+            f"<details><summary>The parameter manifest: every path with its bound shape</summary>\n"
+            + _table(["Path", "Shape", "Dtype", "Values"], body, "parameters") + "\n</details>\n</section>")
+
+
+def index_page(cards: list[Card], programs: dict[str, Program]) -> tuple[str, list[dict[str, str]]]:
+    rows = []
+    search: list[dict[str, str]] = []
+    for card in cards:
+        root = programs[card.name].root
+        decl = root.decl()
+        url = f"models/{card.name}.html"
+        entries = ", ".join(f'<a href="{url}#graph-{slug(fn.name)}"><code>{escape(fn.name)}</code></a>'
+                            for fn in decl.entries)
+        rows.append([f'<a href="{url}"><strong>{escape(card.name)}</strong></a>', escape(card.title),
+                     f"<code>{escape(card.repo)}</code>", entries, str(len(listed_blocks(root)))])
+        search.append({"kind": "model", "name": card.name, "text": card.title, "url": url})
+        for fn in decl.entries:
+            search.append({"kind": "entry", "name": f"{fn.name}", "text": format_signature(fn, decl.order),
+                           "url": f"{url}#graph-{slug(fn.name)}", "model": card.name})
+        for b in listed_blocks(root):
+            search.append({"kind": "block", "name": b.qualname, "text": format_block(b).split("\n", 1)[0],
+                           "url": f"{url}#{block_anchor(b.qualname)}", "model": card.name})
+    body = ("<h1>Kestrel model registry</h1>\n<p>Vision foundation models as typed, shape-checked programs. "
+            "Each page shows a model as <code>kestrel inspect</code> does, with its typed entry graphs.</p>\n"
+            '<section id="search">\n<h2>Search</h2>\n'
+            '<input id="q" type="search" placeholder="a model, an entry or a block (e.g. MaskAttention)" '
+            'autocomplete="off" aria-label="search models, entries and blocks">\n'
+            '<ol id="results" aria-live="polite"></ol>\n</section>\n'
+            '<section id="models">\n<h2>Models</h2>\n'
+            + _table(["Card", "Model", "Checkpoint", "Entries", "Blocks"], rows, "models") + "\n</section>\n"
+            '<script type="application/json" id="search-index">'
+            + json.dumps(search).replace("</", "<\\/") + "</script>")
+    return _page("Kestrel model registry", body, depth=0), search
+
+
+# --------------------------------------------------------------------------------------- build
+
+def _programs(cards: list[Card], progress: bool) -> dict[str, Program]:
+    """Check each distinct root once and render each of its entries once (in parallel: Graphviz runs)."""
+    by_root: dict[type[Block], list[Card]] = {}
+    for card in cards:
+        by_root.setdefault(card.family.root(card.config), []).append(card)
+    jobs = []
+    reports: dict[type[Block], Report] = {}
+    for root in by_root:
+        reports[root] = check_program(root)
+        jobs += [(root, fn.name) for fn in root.decl().entries]
+
+    def draw(job: tuple[type[Block], str]) -> str:
+        root, entry = job
+        return render(entry_diagram(root, entry, report=reports[root]), "svg").decode()
+
+    from tqdm import tqdm
+
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+        svgs = list(tqdm(pool.map(draw, jobs), total=len(jobs), desc="graphs", unit="graph",
+                         disable=not progress))
+    out: dict[str, Program] = {}
+    for root, group in by_root.items():
+        entries = {e: svg for (r, e), svg in zip(jobs, svgs) if r is root}
+        for card in group:
+            out[card.name] = Program(root, reports[root], entries)
+    return out
+
+
+def read_bench(path: Path | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise SiteError(f"cannot read the benchmark results {path}: {e}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("cases"), list):
+        raise SiteError(f"{path} is not a bench/run.py --out results file (no 'cases' list)")
+    return data
+
+
+def build_site(out: Path, models: list[str] | None = None, bench: Path | None = None,
+               progress: bool = False) -> list[Path]:
+    """Write the site under ``out`` (replacing what an earlier build wrote there); return the pages."""
+    names = models or list(CARDS)
+    unknown = [n for n in names if n not in CARDS]
+    if unknown:
+        raise SiteError(f"unknown model {', '.join(unknown)}; known models: {', '.join(CARDS)}")
+    cards = [CARDS[n] for n in names]
+    results = read_bench(bench)
+    programs = _programs(cards, progress)
+
+    out = Path(out)
+    tmp = out.with_name(out.name + ".tmp-build")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    (tmp / "models").mkdir(parents=True)
+    (tmp / "graphs").mkdir()
+    (tmp / "assets").mkdir()
+    assets = resources.files("kestrel.site") / "assets"
+    for name in ASSETS:
+        (tmp / "assets" / name).write_text((assets / name).read_text())
+    (tmp / "assets" / "site.css").write_text((tmp / "assets" / "site.css").read_text() + "\n/* graphs, dark */\n"
+                                             + theme_css("dark", ':root[data-theme="dark"] .kg'))
+    (tmp / "assets" / "theme.js").write_text(THEME_JS)
+    pages = []
+    index, search = index_page(cards, programs)
+    (tmp / "index.html").write_text(index)
+    (tmp / "search.json").write_text(json.dumps(search, indent=1))
+    pages.append(out / "index.html")
+    for card in cards:
+        program = programs[card.name]
+        (tmp / "models" / f"{card.name}.html").write_text(model_page(card, program, results))
+        for entry, svg in program.svgs.items():
+            (tmp / "graphs" / f"{card.name}.{entry}.svg").write_text(svg)
+        pages.append(out / "models" / f"{card.name}.html")
+    if out.exists():
+        if not (out / "index.html").exists() and any(out.iterdir()):
+            shutil.rmtree(tmp)
+            raise SiteError(f"{out} exists and is not a site this command built; choose another --out")
+        shutil.rmtree(out)
+    tmp.replace(out)
+    return pages
+
+
+# set before the page paints: the stored choice, else the system's preference
+THEME_JS = """(function () {
+  var t = null;
+  try { t = localStorage.getItem('kestrel-theme'); } catch (e) {}
+  if (t !== 'light' && t !== 'dark') {
+    t = window.matchMedia && window.matchMedia('(prefers-color-scheme: dark)').matches ? 'dark' : 'light';
+  }
+  document.documentElement.setAttribute('data-theme', t);
+})();
+"""
+
+__all__ = ["SiteError", "block_anchor", "build_site", "served_tasks"]

@@ -1,0 +1,108 @@
+"""The registry site: pages built from the declarations hold the seeds' tables and blocks, in order.
+
+The site is built here from the code (never from stored text); each seed page in ../shared/seeds is
+then found in the built page: its entries table, its generics table and every block, in the seed's order.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from kestrel.cli.main import main
+from kestrel.models.cards import CARDS
+from kestrel.site.build import SiteError, block_anchor, build_site
+from seeds import SEED_CARDS, SEEDS, read_seed
+from sitebuild import built_site, read_page
+
+needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `dot` is not installed (make setup)")
+
+
+def _in_order(wanted: list, found: list, same) -> list:
+    """The wanted items missing from ``found`` when each must come after the previous one's match."""
+    it = iter(found)
+    return [w for w in wanted if not any(same(w, f) for f in it)]
+
+
+def _lines_in_order(seed_text: str, ours: str) -> bool:
+    it = iter(ours.splitlines())
+    return all(any(line == mine for mine in it) for line in seed_text.splitlines())
+
+
+@needs_dot
+@pytest.mark.parametrize("prefix", sorted(SEED_CARDS))
+def test_model_page_holds_the_seed_tables_and_blocks_in_order(prefix: str) -> None:
+    try:
+        seed = read_seed(prefix)  # skips (or, where CI requires the seeds, fails) when they are absent
+    except StopIteration:
+        pytest.skip(f"the seed pages are not at {SEEDS}")
+    page = read_page(built_site() / "models" / f"{SEED_CARDS[prefix]}.html")
+    kinds = [k if k != "table" else f"table.{v[0]}" for k, v in page.items]
+    # the seeds' order of sections: preview graph, entries, generics, blocks
+    assert kinds.index("figure") < kinds.index("table.entries") < kinds.index("table.generics") < kinds.index("block")
+    tables = {v[0]: v[1] for k, v in page.items if k == "table"}
+    entry_rows = tables["entries"][1:]
+    missing = _in_order(list(seed.entries.items()), entry_rows, lambda w, row: row[0] == w[0] and row[1] == w[1])
+    assert not missing, f"seed entries not in the page's entries table, in order: {missing}"
+    generic_rows = [(row[0], row[-1]) for row in tables["generics"][1:]]
+    assert generic_rows == list(seed.generics.items())
+    blocks = [v for k, v in page.items if k == "block"]
+    missing = _in_order(list(seed.blocks.values()), blocks, lambda w, b: w == b or _lines_in_order(w, b))
+    assert not missing, "seed blocks not in the page, in order:\n" + "\n\n".join(missing)
+
+
+@needs_dot
+def test_every_registered_model_has_a_page_with_graphs_and_linked_blocks() -> None:
+    site = built_site()
+    index = (site / "index.html").read_text()
+    for name, card in CARDS.items():
+        page = site / "models" / f"{name}.html"
+        assert f'href="models/{name}.html"' in index
+        text = page.read_text()
+        root = card.family.root(card.config).decl()
+        for fn in root.entries:
+            assert (site / "graphs" / f"{name}.{fn.name}.svg").read_text().lstrip().startswith("<?xml")
+            assert f'id="graph-{fn.name}"' in text
+        assert f'id="{block_anchor(root.qualname)}"' in text
+        assert card.revision in text and card.repo in text
+        assert 'id="parameters"' in text and "<details>" in text
+    sam = (site / "models" / "sam-vit-base.html").read_text()
+    # a sub's block type links to that block's anchor
+    assert f'sub mask_decoder: <a href="#{block_anchor("sam::MaskDecoder")}">MaskDecoder</a>&lt;Hd' in sam
+    # tasks are the CLI commands that run the program's entries
+    assert "<code>kestrel classify</code>" in (site / "models" / "vit-base-patch16-224.html").read_text()
+    siglip = (site / "models" / "siglip-base-patch16-224.html").read_text()
+    assert "<code>kestrel zero-shot</code>" in siglip and "<code>kestrel classify</code>" not in siglip
+    search = json.loads((site / "search.json").read_text())
+    assert {"kind": "block", "name": "sam::MaskAttention"}.items() <= next(
+        s for s in search if s["name"] == "sam::MaskAttention").items()
+
+
+@needs_dot
+def test_bench_results_become_charts(tmp_path) -> None:
+    results = {"cases": [{"case": "vit@224", "model": "vit", "image": 224, "gflop_per_item": 35.1, "rows": [
+        {"variant": "kestrel", "batch": 1, "median": 0.05}, {"variant": "hf", "batch": 1, "median": 0.06},
+        {"variant": "kestrel", "batch": 8, "median": 0.30}, {"variant": "hf", "batch": 8, "median": 0.40},
+        {"variant": "onnx", "batch": 8, "error": "export failed"}]}]}
+    bench = tmp_path / "results.json"
+    bench.write_text(json.dumps(results))
+    out = tmp_path / "site"
+    assert main(["site", "--out", str(out), "--models", "vit-base-patch16-224", "--bench", str(bench)]) == 0
+    page = (out / "models" / "vit-base-patch16-224.html").read_text()
+    assert 'class="bench-chart"' in page and "0.83x transformers" in page and "0.75x transformers" in page
+    assert page.count('class="bc-bar bc-kestrel"') == 2
+
+
+def test_bad_requests_are_clear_errors(tmp_path) -> None:
+    with pytest.raises(SiteError, match="unknown model nope"):
+        build_site(tmp_path / "s", models=["nope"])
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "mine.txt").write_text("keep me")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert main(["site", "--out", str(tmp_path / "x"), "--bench", str(bad)]) == 2
+    if shutil.which("dot"):
+        assert main(["site", "--out", str(tmp_path / "notes"), "--models", "vit-base-patch16-224"]) == 2
+    assert (tmp_path / "notes" / "mine.txt").read_text() == "keep me"  # never replaces a folder it did not build
