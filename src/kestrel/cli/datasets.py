@@ -8,7 +8,7 @@ import os
 from ..errors import UsageError
 
 DATASET_HELP = """\
-dataset mode: with --out DIR (anything not ending in .safetensors), SOURCE is a folder tree of
+dataset mode: with --out DIR (a new or empty folder, or an earlier run's), SOURCE is a folder tree of
 images, a list file (one path per line) or a .parquet/.csv table with a path column, and the output
 is a folder of Parquet shards (one row per image: path, values, model, revision, height, width),
 each written atomically, with manifest.json and a failures table of unreadable images. A rerun into
@@ -17,9 +17,11 @@ machine, or on the cluster at --address; pip install 'kestrel[ray]'); --engine l
 """
 
 
-def add_dataset_args(p: argparse.ArgumentParser) -> None:
-    """The flags of dataset mode, in their own help group."""
+def add_dataset_args(p: argparse.ArgumentParser, batch: bool = False) -> None:
+    """The flags of dataset mode, in their own help group (``batch``: a --batch-size of its own too)."""
     g = p.add_argument_group("dataset mode (--out DIR)")
+    if batch:
+        g.add_argument("--batch-size", type=int, default=8, metavar="N", help="images per forward pass (default 8)")
     g.add_argument("--engine", choices=["local", "ray"], help="local: this process (default); ray: a Ray Data "
                    "actor pool, one model per actor")
     g.add_argument("--address", metavar="ADDR", help="join the Ray cluster at ADDR (e.g. ray://head:10001 or "
@@ -34,8 +36,19 @@ def add_dataset_args(p: argparse.ArgumentParser) -> None:
 
 
 def is_dataset_out(out: str | None) -> bool:
-    """``--out DIR`` (dataset mode) rather than ``--out FILE.safetensors``."""
-    return out is not None and not out.endswith(".safetensors")
+    """``--out DIR`` (dataset mode) rather than ``--out FILE.safetensors``.
+
+    A path ending in ``.safetensors``, an existing non-folder, or an existing folder that is neither empty
+    nor a dataset output (no ``manifest.json``) is a file destination, checked (and refused) as such.
+    """
+    from pathlib import Path
+
+    if out is None or out.endswith(".safetensors"):
+        return False
+    path = Path(out)
+    if not path.exists():
+        return True
+    return path.is_dir() and ((path / "manifest.json").is_file() or not any(path.iterdir()))
 
 
 def run_dataset(args: argparse.Namespace, task: str, sources: list[str], **job: object) -> int:
@@ -45,8 +58,8 @@ def run_dataset(args: argparse.Namespace, task: str, sources: list[str], **job: 
 
     if not sources:
         raise UsageError(f"{task}: give a SOURCE: a folder of images, a list file, or a .parquet/.csv table")
-    for flag in ("workers", "threads", "shard_size"):
-        value = getattr(args, flag)
+    for flag in ("workers", "threads", "shard_size", "batch_size"):
+        value = getattr(args, flag, None)
         if value is not None and value < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be positive, got {value}")
     engine = args.engine or "local"

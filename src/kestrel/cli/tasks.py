@@ -327,7 +327,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", metavar="DIR", help="dataset mode: write Parquet shards to DIR")
     p.add_argument("--quiet", action="store_true", help="no progress bar (dataset mode)")
     _common(p, "siglip-base-patch16-224", batch=False)
-    add_dataset_args(p)
+    add_dataset_args(p, batch=True)
     p.set_defaults(run=cmd_zero_shot)
 
     p = sub.add_parser("similarity", help="a table of image x text scores (SigLIP)",
