@@ -358,7 +358,7 @@ def test_outputs_honour_the_umask_and_diagram_makes_folders(capsys, dirs, tmp_pa
         assert out.stat().st_mode & 0o777 == 0o640
         svg = tmp_path / "deep" / "er" / "vit.svg"
         assert run(capsys, "diagram", "vit-base-patch16-224", "-o", str(svg))[0] == 0
-        assert svg.read_text().startswith("<svg") and svg.stat().st_mode & 0o777 == 0o640
+        assert "<svg" in svg.read_text()[:400] and svg.stat().st_mode & 0o777 == 0o640
         assert sorted(p.name for p in svg.parent.iterdir()) == ["vit.svg"]  # no temporary file left
     finally:
         os.umask(old)

@@ -4,6 +4,8 @@ The program fixes the seed's 1024 px input, 12 encoder layers and 64 x 64 grid, 
 parity uses the real structure at small widths (D = Hd = 32); the real widths run under ``-m slow``.
 """
 
+import json
+
 import pytest
 import torch
 from transformers import SamConfig, SamModel
@@ -262,10 +264,18 @@ def test_entries_check_their_inputs(small):
         ours.encode_image(torch.randn(1, 3, 512, 512))
 
 
-@pytest.mark.parametrize("size, layers, globals_", [("large", 4, [1, 3]), ("huge", 5, [0, 4])])
-def test_other_layouts_match_reference(tmp_path, size, layers, globals_):
-    """ViT-L and ViT-H shaped configs (their own depth, heads and global layers; small widths)."""
-    config = {**SMALL, "vision_config": dict(SMALL["vision_config"], num_hidden_layers=layers, num_attention_heads=4,
+LAYOUTS = [
+    pytest.param(4, [1, 3], id="large-like"),  # every third-ish layer global, as ViT-L/H, at a test's depth
+    pytest.param(5, [0, 4], id="huge-like"),
+    pytest.param(24, [5, 11, 17, 23], id="vit-large", marks=pytest.mark.slow),
+    pytest.param(32, [7, 15, 23, 31], id="vit-huge", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("layers, globals_", LAYOUTS)
+def test_other_layouts_match_reference(tmp_path, layers, globals_):
+    """ViT-L and ViT-H shaped configs: their own depth, global layers and more heads, at small widths."""
+    config = {**SMALL, "vision_config": dict(SMALL["vision_config"], num_hidden_layers=layers, num_attention_heads=8,
                                               global_attn_indexes=globals_)}
     ref = _seeded_sam(config, seed=3)
     ref.save_pretrained(tmp_path)
@@ -294,3 +304,59 @@ def test_sam_vit_base_real_config(tmp_path):
     figures = {"image embeddings": rel_diff(got, want)}
     _check_decoders(ref, ours, want, figures)
     print(figures)
+
+
+@pytest.mark.parametrize("budget", [None, 4096, 1 << 20])
+def test_decomposed_attention_slices_give_the_same_numbers(budget):
+    """Whole heads, several heads, or rows of one head per slice: the full-bias formula's numbers."""
+    from kestrel.std.ops_attention import decomposed_attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 36, 8) for _ in range(3))
+    rel_h, rel_w = torch.randn(2, 3, 36, 6), torch.randn(2, 3, 36, 6)
+    bias = (rel_h[..., :, None] + rel_w[..., None, :]).reshape(2, 3, 36, 36)
+    want = torch.softmax(q @ k.transpose(-1, -2) * 8 ** -0.5 + bias, -1) @ v
+    got = decomposed_attention(q, k, v, rel_h, rel_w, budget=budget)
+    assert rel_diff(got, want) <= 1e-6
+
+
+def test_cli_segment_point_writes_mask_and_overlay(small, tmp_path, capsys):
+    import numpy as np
+    from PIL import Image
+
+    from kestrel.cli.main import main
+
+    ref, ours = small
+    rng = np.random.default_rng(0)
+    Image.fromarray((rng.random((300, 400, 3)) * 255).astype(np.uint8)).save(tmp_path / "photo.jpg")
+    model_dir = str(ours.loaded.directory)
+    out, emb = tmp_path / "out", tmp_path / "photo.emb.safetensors"
+    args = ["segment", str(tmp_path / "photo.jpg"), "--point", "200,150", "--model", model_dir, "--out", str(out),
+            "--embeddings", str(emb)]
+    assert main(args) == 0
+    assert "saved the image embedding" in capsys.readouterr().out
+    mask = np.array(Image.open(out / "mask_0.png"))
+    assert mask.shape == (300, 400) and set(np.unique(mask)) <= {0, 255}
+    assert Image.open(out / "overlay.png").size == (400, 300)
+    info = json.loads((out / "segment.json").read_text())
+    assert info["masks"][0]["area"] == int((mask > 0).sum())
+    # a second prompt reuses the embedding; the mask is the reference's
+    assert main([*args, "--point", "20,30:0", "--out", str(tmp_path / "out2")]) == 0
+    assert "reused the image embedding" in capsys.readouterr().out
+    from transformers import SamProcessor
+    from transformers.models.sam.image_processing_pil_sam import SamImageProcessorPil
+
+    proc = SamProcessor(image_processor=SamImageProcessorPil())
+    inputs = proc(images=Image.open(tmp_path / "photo.jpg"), input_points=[[[200, 150], [20, 30]]],
+                  input_labels=[[1, 0]], return_tensors="pt")
+    with torch.no_grad():
+        outputs = ref(pixel_values=inputs["pixel_values"], input_points=inputs["input_points"].float(),
+                      input_labels=inputs["input_labels"], multimask_output=False)
+    want = proc.image_processor.post_process_masks(outputs.pred_masks, inputs["original_sizes"],
+                                                   inputs["reshaped_input_sizes"])[0][0, 0].numpy()
+    got = np.array(Image.open(tmp_path / "out2" / "mask_0.png")) > 0
+    assert (got & want).sum() / max(1, (got | want).sum()) >= 0.999
+    # a stale embedding (another image) is refused, nothing written
+    Image.fromarray((rng.random((300, 400, 3)) * 255).astype(np.uint8)).save(tmp_path / "photo.jpg")
+    assert main([*args, "--out", str(tmp_path / "out3")]) == 2
+    assert "another image" in capsys.readouterr().err and not (tmp_path / "out3").exists()

@@ -359,6 +359,14 @@ def facts_and_binding(draw):
     if draw(st.booleans()):  # an equality that holds
         env["P"] = env["Q"] + 2
         texts.append("P == Q + 2")
+    if draw(st.booleans()):  # a relational fact that holds, at its edge or beyond
+        a, b = draw(st.sampled_from([("P", "Q"), ("Q", "R"), ("P", "R")]))
+        lo, hi = sorted((a, b), key=lambda s: env[s])
+        slack = draw(st.integers(0, max(0, env[hi] - env[lo])))
+        texts.append(f"{hi} >= {lo} + {slack}" if draw(st.booleans()) else f"{hi} - {lo} - {slack} >= 0")
+    if draw(st.booleans()):  # a combination: P + Q >= R - k
+        k = max(0, env["R"] - env["P"] - env["Q"])
+        texts.append(f"P + Q + {k} >= R")
     for s in fact_syms:  # bounds last, from the final values
         if draw(st.booleans()):  # a bound at or just below the value: the edge is where mistakes show
             low = max(0, env[s] - draw(st.integers(0, 2)))
@@ -396,6 +404,33 @@ def test_prover_never_proves_a_false_statement(fb, a, b):
     split = poly(("mul", ("sym", "Q"), ("div", ("sym", "R"), ("sym", "Q"))))
     if facts.equal(split, Poly.sym("R")):
         assert env["Q"] * (env["R"] // env["Q"]) == env["R"]
+
+
+def test_relational_facts_are_used():
+    facts = Facts(parse_facts("H >= K, K > 0, S > 0"))
+    h, k, s = Poly.sym("H"), Poly.sym("K"), Poly.sym("S")
+    assert facts.nonneg(h - k)
+    assert facts.positive(h - k + 1)
+    assert facts.nonneg(floordiv(h - k, s))
+    assert facts.positive(floordiv(h, k))  # H / K >= 1 when H >= K > 0
+    assert not facts.positive(h - k)
+    assert not Facts(parse_facts("K > 0")).nonneg(h - k)
+    two = Facts(parse_facts("A >= B + 2, B >= C"))
+    assert two.nonneg(Poly.sym("A") - Poly.sym("C") - 2)  # a chain of two facts
+    assert not two.nonneg(Poly.sym("A") - Poly.sym("C") - 3)
+    eq = Facts(parse_facts("D == Heads * Dh, Heads > 0"))
+    assert eq.divides(Heads, D)  # divisibility from an equality
+    assert eq.divides(Poly.sym("B") * Heads, Poly.sym("B") * Poly.sym("N") * D)  # common factors cancel
+
+
+def test_padding_to_a_multiple_is_divisible():
+    win, h = Poly.sym("Win"), Poly.sym("H")
+    padded = h + mod(win - mod(h, win), win)
+    assert mod(padded, win) == 0
+    assert Facts(parse_facts("Win > 0")).divides(win, padded)
+    for hv in range(1, 9):
+        for wv in range(1, 5):
+            assert evaluate(padded, {"H": hv, "Win": wv}) % wv == 0
 
 
 @SETTINGS

@@ -136,7 +136,7 @@ def bind_generics(decl: BlockDecl, given: dict[str, Any]) -> Generics:
                 raise BindError(f"{decl.qualname}: generic {g.name}: {g.kind.name} does not admit {value!r}")
         out[g.name] = value
     dims = {k: v for k, v in out.items() if isinstance(v, int)}
-    for fact in decl.where:
+    for fact in decl.block_where():
         if not fact_holds(fact, dims):
             said = ", ".join(f"{s.name} = {dims[s.name]}" for s in (fact.lhs - fact.rhs).symbols())
             raise BindError(f"{decl.qualname}: `where {fact}` does not hold for {said}")
@@ -237,6 +237,16 @@ def check_entry_inputs(block: Block, fn: FnDecl, args: tuple, kwargs: dict) -> B
             raise EntryError(
                 f"{block.decl().qualname}.{fn.name}: input {name} has shape {tuple(value.shape)} and dtype "
                 f"{from_torch(value.dtype)}, declared {declared} = {shown}: " + "; ".join(map(str, problems)))
+    # what the checker assumed of the entry's own dims: positive, and the where facts that name them
+    bound = {**dims, **{k: v.value for k, v in binding.dims.items() if v.is_const}}
+    for n, _ in fn.generics:
+        if n in fn.free_dims and bound.get(n, 1) < 1:
+            raise EntryError(f"{block.decl().qualname}.{fn.name}: {n} is {bound[n]}: empty axes are not supported "
+                             f"(every function dim is at least 1)")
+    for fact in block.decl().preconditions(fn):
+        if not fact_holds(fact, bound):
+            said = ", ".join(f"{s.name} = {bound[s.name]}" for s in (fact.lhs - fact.rhs).symbols())
+            raise EntryError(f"{block.decl().qualname}.{fn.name}: `where {fact}` does not hold for {said}")
     return binding
 
 

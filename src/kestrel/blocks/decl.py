@@ -17,8 +17,8 @@ from typing import Any, Union
 from ..errors import KestrelError
 from ..shapes.facts import Fact, Facts
 from ..shapes.parse import DimParseError, Parser, parse_facts
-from ..shapes.poly import AtomOrder, Poly
-from ..types.dtypes import DTYPES, DType, DTypeKind, DTypeVar
+from ..shapes.poly import ONE, AtomOrder, Poly
+from ..types.dtypes import DTYPES, KINDS, DType, DTypeKind, DTypeVar
 from ..types.tensor import Scope, TensorType, Type, TypeParser, parse_param, parse_type
 from .spec import ArraySpec, Dim, ParamSpec, Shape, SubSpec
 
@@ -110,6 +110,10 @@ class FnDecl:
         return values
 
 
+def _fact_names(f: Fact) -> set[str]:
+    return {s.name for s in (f.lhs - f.rhs).symbols()} | {s.name for s in f.lhs.symbols()}
+
+
 @dataclass
 class BlockDecl:
     name: str
@@ -146,8 +150,23 @@ class BlockDecl:
     def generic(self, name: str) -> GenericDecl | None:
         return next((g for g in self.generics if g.name == name), None)
 
-    def facts(self) -> Facts:
-        return Facts(list(self.where))
+    def block_where(self) -> list[Fact]:
+        """The facts about the block's own generics (what binding the block checks)."""
+        names = {g.name for g in self.generics if g.is_dim}
+        return [f for f in self.where if _fact_names(f) <= names]
+
+    def preconditions(self, fn: FnDecl) -> list[Fact]:
+        """The facts that name ``fn``'s own dims: every caller of ``fn`` must prove them."""
+        names = {g.name for g in self.generics if g.is_dim} | fn.free_dims
+        return [f for f in self.where if _fact_names(f) & fn.free_dims and _fact_names(f) <= names]
+
+    def facts(self, fn: FnDecl | None = None) -> Facts:
+        """What a body may assume: the block's facts; inside ``fn`` also its preconditions, and that
+        its own dims are positive (entry calls and callers prove both)."""
+        if fn is None:
+            return Facts(self.block_where())
+        own = [Fact("ge", Poly.sym(n), ONE, f"{n} > 0") for n in sorted(fn.free_dims)]
+        return Facts(self.block_where() + self.preconditions(fn) + own)
 
     def scope(self, free: bool = False) -> Scope:
         return Scope(
@@ -196,16 +215,19 @@ def read_block(cls: type, module: str) -> BlockDecl:
         except DimParseError as e:
             raise DeclarationError(f"in {decl.qualname}.{name}: {e}", file, line) from None
 
-    where_text = cls.__dict__.get("where", "")
-    if where_text:
-        try:
-            decl.where = parse_facts(where_text, _strict_resolver(scope))
-        except DimParseError as e:
-            raise DeclarationError(f"in {decl.qualname} where clause: {e}", file, member_line.get("where")) from None
-
     for pyname, fn in cls.__dict__.items():
         if inspect.isfunction(fn) and not pyname.startswith("__") and fn.__annotations__:
             decl.functions.append(_read_function(pyname, fn, decl))
+
+    # read after the functions: a fact may name a function's own dims (``H + 2 * Pad >= K``), and is
+    # then a precondition of each function that has them, proved by every caller
+    where_text = cls.__dict__.get("where", "")
+    if where_text:
+        fn_dims = {n for f in decl.functions for n in f.free_dims}
+        try:
+            decl.where = parse_facts(where_text, _strict_resolver(scope, fn_dims))
+        except DimParseError as e:
+            raise DeclarationError(f"in {decl.qualname} where clause: {e}", file, member_line.get("where")) from None
     return decl
 
 
@@ -248,9 +270,9 @@ def _member_lines(lines: list[str], first: int) -> dict[str, int]:
     return out
 
 
-def _strict_resolver(scope: Scope):
+def _strict_resolver(scope: Scope, fn_dims: set[str] = frozenset()):  # type: ignore[assignment]
     def resolve(name: str, col: int) -> Poly:
-        if name in scope.dims:
+        if name in scope.dims or name in fn_dims:
             return Poly.sym(name)
         raise DimParseError(f"unbound generic {name!r}", name, 0)
 
@@ -301,7 +323,11 @@ def _read_dtype_arg(p: Parser, scope: Scope, g: GenericDecl, callee: BlockDecl, 
     tok = p.tok
     p.i += 1
     if tok.kind == "name" and tok.text in scope.dtypes:
-        return scope.dtypes[tok.text]
+        var = scope.dtypes[tok.text]
+        if not set(KINDS[var.kind].members) <= set(g.kind.members):
+            raise p.error(f"sub {sub}: generic {g.name}: {g.kind.name} of {callee.qualname} is given "
+                          f"{var.name}: {var.kind}, which may be a dtype {g.kind.name} does not admit", tok)
+        return var
     if tok.kind == "name" and tok.text in DTYPES:
         d = DTYPES[tok.text]
         if not g.kind.admits(d):

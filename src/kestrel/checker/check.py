@@ -7,17 +7,20 @@ instantiated with the caller's generics (callee bodies are checked once, generic
 
 from __future__ import annotations
 
+import dis
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..blocks.block import Block
 from ..blocks.decl import BlockDecl, DeclarationError, FnDecl, ParamDecl, SubDecl
 from ..shapes.facts import Facts
-from ..shapes.poly import FloorDiv, Mod, Poly, format_poly, substitute
+from ..shapes.parse import DimParseError, parse_facts
+from ..shapes.poly import FloorDiv, Mod, Poly, Sym, format_poly, ge_text, substitute
 from ..types.dtypes import DType, DTypeVar
-from ..types.tensor import TensorType, TupleType, Type
+from ..types.tensor import TensorType, TupleType, Type, Variadic
 from ..types.unify import Binding, match
 from .graph import Graph
 from .symbolic import Context, ShapeError, SymDim, SymTensor, checking, current, dim_of, record
@@ -152,7 +155,23 @@ class ArrayProxy:
         self.sub = sub
 
     def __iter__(self) -> Any:
-        yield SubProxy(self.sub, f"{self.sub.name}[i]")
+        """One symbolic iteration standing for every layer, checked as a fixed point.
+
+        The loop-carried values are the caller's local tensors that the body rebinds: each must
+        come out of an iteration with the type it went in with, so after any number of layers
+        (zero included) it has that type. A list that grows in the body would have a symbolic
+        length, so it is refused.
+        """
+        frame = sys._getframe(1)  # the frame running the ``for`` (through enumerate/zip too)
+        before = dict(frame.f_locals)
+        sizes = {k: len(v) for k, v in before.items() if isinstance(v, list | dict)}
+        try:
+            yield SubProxy(self.sub, f"{self.sub.name}[i]")
+        finally:
+            after = dict(frame.f_locals)
+            _check_fixed_point(self.sub, before, sizes, after)
+            _check_defined_before(self.sub, frame, [k for k, v in after.items()
+                                                    if k not in before and _tensors_of(v) is not None])
 
     def __len__(self) -> int:
         assert self.sub.count is not None
@@ -166,6 +185,71 @@ class ArrayProxy:
             raise ShapeError(f"{self.sub.name}[{i}] may be out of range for "
                              f"{format_poly(self.sub.count, current().order)} layers")
         return SubProxy(self.sub, f"{self.sub.name}[{i}]")
+
+
+def _check_fixed_point(sub: SubDecl, before: dict[str, Any], sizes: dict[str, int], after: dict[str, Any]) -> None:
+    ctx = current()
+    what = f"the loop over {sub.name} ({format_poly(sub.count, ctx.order) if sub.count is not None else 1} layers)"
+    for name, old in before.items():
+        new = after.get(name, old)
+        if new is old:
+            continue
+        a, b = _tensors_of(old), _tensors_of(new)
+        if a is None:
+            continue
+        if b is None or len(a) != len(b):
+            raise ShapeError(f"{what} changes what {name} holds: before an iteration {_show_value(old)}, "
+                             f"after it {_show_value(new)}")
+        for x, y in zip(a, b):
+            problems = match(x.type, y.dims, y.dtype, Binding(shapes=_self_runs(x.type)), set(), ctx.facts,
+                             ctx.order)
+            if problems:
+                raise ShapeError(
+                    f"{what} changes the type of {name}: {x.show()} before an iteration, {y.show()} after it "
+                    "(a layer stack must map its loop-carried types to themselves): "
+                    + "; ".join(map(str, problems)), hint=_equality_hint(problems))
+    for name, n in sizes.items():
+        v = after.get(name)
+        if isinstance(v, list | dict) and v is before[name] and len(v) != n:
+            raise ShapeError(f"{what} grows {name} by {len(v) - n} per iteration: its length would be symbolic; "
+                             "stack the layers' outputs with a typed sub instead")
+
+
+def _check_defined_before(sub: SubDecl, frame: Any, new: list[str]) -> None:
+    """A tensor first bound inside the loop and read after it needs at least one layer."""
+    ctx = current()
+    if not new or sub.count is None or ctx.facts.positive(sub.count):
+        return
+    instrs = list(dis.get_instructions(frame.f_code))
+    loop = next((i for i in instrs if i.offset == frame.f_lasti), None)
+    if loop is None or loop.opname != "FOR_ITER":
+        return
+    read = sorted({i.argval for i in instrs if i.offset >= loop.argval and i.opname.startswith("LOAD_")
+                   and i.argval in new})
+    if read:
+        count = format_poly(sub.count, ctx.order)
+        raise ShapeError(f"{', '.join(read)} is bound only inside the loop over {sub.name} and read after it, "
+                         f"but {sub.name} may have no layers ({count} may be 0): bind it before the loop",
+                         hint=f"{count} > 0")
+
+
+def _tensors_of(v: Any) -> list[SymTensor] | None:
+    if isinstance(v, SymTensor):
+        return [v]
+    if isinstance(v, tuple) and v and all(isinstance(t, SymTensor) for t in v):
+        return list(v)
+    return None
+
+
+def _show_value(v: Any) -> str:
+    ts = _tensors_of(v)
+    if ts is None:
+        return type(v).__name__
+    return ", ".join(t.show() for t in ts)
+
+
+def _self_runs(t: TensorType) -> dict[str, tuple]:
+    return {d.name: (d,) for d in t.dims if isinstance(d, Variadic)}
 
 
 # ------------------------------------------------------------------------------ declared calls
@@ -200,6 +284,7 @@ def call_declared(callee: BlockDecl, fn: FnDecl, dims: dict[str, Poly], dtypes: 
                 + "; ".join(map(str, problems)),
                 hint=_equality_hint(problems))
         inputs.append(value)
+    _prove_preconditions(callee, fn, mapping, binding, free_now, label, sig)
     result = fn.result
     outs = [t.substitute(mapping, dtypes) for t in (result.items if isinstance(result, TupleType) else (result,))]
     out_tensors = [SymTensor(binding.apply(t)) for t in outs]  # type: ignore[arg-type]
@@ -209,6 +294,25 @@ def call_declared(callee: BlockDecl, fn: FnDecl, dims: dict[str, Poly], dtypes: 
     node.subst = {"dims": {**dims, **{back.get(k, k): v for k, v in binding.dims.items()}},
                   "shapes": dict(binding.shapes), "dtypes": {**dtypes, **binding.dtypes}}
     return tuple(out_tensors) if isinstance(result, TupleType) else out_tensors[0]
+
+
+def _prove_preconditions(callee: BlockDecl, fn: FnDecl, mapping: dict[str, Poly], binding: Binding,
+                         free_now: set[str], label: str, sig: str) -> None:
+    """The callee's own dims are positive and its ``where`` facts on them hold, in the caller's terms."""
+    ctx = current()
+    for n in sorted(free_now):
+        v = binding.dims.get(n)
+        if v is not None and not ctx.facts.positive(v):
+            text = format_poly(v, ctx.order)
+            raise ShapeError(f"{label}: {sig} binds its dim {n.rstrip(chr(39))} to {text}, which cannot be proved "
+                             "positive", hint=f"{text} > 0")
+    for fact in callee.preconditions(fn):
+        lhs, rhs = substitute(fact.lhs, mapping), substitute(fact.rhs, mapping)
+        lhs, rhs = substitute(lhs, binding.dims), substitute(rhs, binding.dims)
+        if not _holds(ctx.facts, fact.kind, lhs, rhs):
+            shown = _fact_text(fact.kind, lhs, rhs, None)
+            raise ShapeError(f"{label}: {sig} requires `{fact}`, which here reads `{shown}` and cannot be "
+                             "proved", hint=shown)
 
 
 def _args_in_order(callee: BlockDecl, dims: dict[str, Poly], dtypes: dict) -> list:
@@ -233,7 +337,7 @@ def _equality_hint(problems: list) -> str | None:
 
 def check_function(decl: BlockDecl, fn: FnDecl) -> tuple[Graph, list[Diagnostic]]:
     graph = Graph(decl.qualname, fn.name, decl.order.copy())
-    ctx = Context(decl.facts(), graph.order, graph, fn.fn.__code__)
+    ctx = Context(decl.facts(fn), graph.order, graph, fn.fn.__code__)
     diags: list[Diagnostic] = []
 
     def diag(message: str, file: str | None, line: int | None, hint: str | None = None) -> None:
@@ -259,12 +363,55 @@ def check_function(decl: BlockDecl, fn: FnDecl) -> tuple[Graph, list[Diagnostic]
     return graph, diags
 
 
-def _where_hint(decl: BlockDecl, hint: str | None) -> str | None:
-    """The suggested fact, when a ``where`` clause can say it: only block generics, not ``B`` or ``N``."""
+def _where_hint(decl: BlockDecl, hint: str | None, facts: Facts | None = None) -> str | None:
+    """The suggested fact, when a ``where`` clause can say it and it would help.
+
+    Only facts over the block's generics (not ``B`` or ``N``), never a constant one (``8 == 0``
+    is either already true or impossible), and never one the where clause already implies (it
+    would change nothing).
+    """
     if hint is None:
         return None
     names = set(re.findall(r"[A-Za-z_]\w*", hint)) - {"min", "max"}
-    return hint if names <= {g.name for g in decl.generics if g.is_dim} else None
+    if not names or not names <= {g.name for g in decl.generics if g.is_dim}:
+        return None
+    try:
+        said = parse_facts(hint)
+    except DimParseError:
+        return None
+    facts = facts if facts is not None else decl.facts()
+    if all(_holds(facts, f.kind, f.lhs, f.rhs) for f in said):
+        return None  # already implied: naming it would not make the diagnostic go away
+    if _impossible(said, facts):
+        return None
+    return hint
+
+
+def _impossible(said: list, facts: Facts) -> bool:
+    """A fact false at every binding the where clause allows, as far as the prover sees."""
+    for f in said:
+        diff = facts.simplify(f.lhs - f.rhs)
+        if f.kind == "eq" and (facts.positive(diff) or facts.positive(-diff)):
+            return True
+        if f.kind == "ge" and facts.positive(-diff):
+            return True
+        if f.kind == "eq" and diff.is_const and diff.value != 0:
+            return True
+        if f.kind == "ge" and diff.is_const and diff.value < 0:
+            return True
+        if f.kind == "ge" and all(c < 0 for _, c in diff.terms) and _nonneg_atoms(diff):
+            return True  # -X - 3 >= 0 cannot hold for natural X
+    return False
+
+
+def _nonneg_atoms(p: Poly) -> bool:
+    return all(isinstance(a, Sym) for m, _ in p.terms for a in m)
+
+
+def _variadic_names(fn: FnDecl) -> set[str]:
+    types = [t for _, t in fn.params] + [fn.result]
+    items = [i for t in types for i in (t.items if isinstance(t, TupleType) else (t,))]
+    return {d.name for t in items for d in t.dims if isinstance(d, Variadic)}
 
 
 def _check_result(fn: FnDecl, out: Any, ctx: Context, diag: Any) -> None:
@@ -275,7 +422,9 @@ def _check_result(fn: FnDecl, out: Any, ctx: Context, diag: Any) -> None:
         diag(f"returns {len(got)} value(s) where the declared result is {want_text}", fn.file, fn.line)
         return
     for i, (g, d) in enumerate(zip(got, declared)):
-        problems = match(d, g.dims, g.dtype, Binding(), set(), ctx.facts, ctx.order)
+        # ``*S`` in the result is the arguments' ``*S``: the run is bound to itself, not inferred afresh
+        fixed = Binding(shapes={n: (Variadic(n),) for n in _variadic_names(fn)})
+        problems = match(d, g.dims, g.dtype, fixed, set(), ctx.facts, ctx.order)
         if problems:
             node = next((n for n in reversed(ctx.graph.nodes) if g.vid in n.outputs), None)
             which = f"result {i}" if len(declared) > 1 else "the result"
@@ -323,10 +472,26 @@ def check_block(decl: BlockDecl) -> list[Diagnostic]:
                         den = format_poly(atom.b, decl.order)
                         diags.append(Diagnostic(decl.qualname, None, f"cannot prove the divisor {den} is positive "
                                                 f"in {format_poly(d, decl.order)}", decl.file, line, f"{den} > 0"))
+    # every allocated size is a natural number: params' axes, subs' Dim arguments, array lengths
+    sizes: list[tuple[Poly, str, int | None]] = []
+    for m in decl.members:
+        if isinstance(m, ParamDecl):
+            sizes += [(d, f"param {m.name}: {m.type.format(decl.order)}", m.line) for d in m.type.dims
+                      if isinstance(d, Poly)]
+        else:
+            sizes += [(a, f"sub {m.name}: generic argument", m.line) for a in m.args if isinstance(a, Poly)]
+            if m.count is not None:
+                sizes.append((m.count, f"sub array {m.name}: layer count", m.line))
+    for d, what, line in sizes:
+        if not facts.nonneg(d):
+            text = format_poly(d, decl.order)
+            diags.append(Diagnostic(decl.qualname, None, f"{what}: cannot prove the size {text} is nonnegative "
+                                    f"from the where clause of {decl.qualname}", decl.file, line,
+                                    _where_hint(decl, ge_text(d, decl.order), facts)))
     for sub in decl.subs:
         callee = sub.block.decl()
         dims, _ = sub.callee_binding()
-        for fact in callee.where:
+        for fact in callee.block_where():
             lhs, rhs = substitute(fact.lhs, dims), substitute(fact.rhs, dims)
             if not _holds(facts, fact.kind, lhs, rhs):
                 same = lhs == fact.lhs and rhs == fact.rhs
@@ -347,20 +512,21 @@ def _holds(facts: Facts, kind: str, lhs: Poly, rhs: Poly) -> bool:
     return facts.divides(lhs, rhs)
 
 
-def _fact_text(kind: str, lhs: Poly, rhs: Poly, decl: BlockDecl) -> str:
-    a, b = format_poly(lhs, decl.order), format_poly(rhs, decl.order)
+def _fact_text(kind: str, lhs: Poly, rhs: Poly, decl: BlockDecl | None) -> str:
+    order = decl.order if decl is not None else current().order
+    a, b = format_poly(lhs, order), format_poly(rhs, order)
     mod_atom = lhs.as_atom()
     if kind == "eq" and isinstance(mod_atom, Mod) and rhs == Poly.const(0):
         return f"{_operand(mod_atom.a, decl)} % {_operand(mod_atom.b, decl)} == 0"
     if kind == "ge":
-        return f"{a} >= {b}"
+        return ge_text(lhs - rhs, order)
     if kind == "divides":
         return f"{b} % {a} == 0"
     return f"{a} == {b}"
 
 
-def _operand(p: Poly, decl: BlockDecl) -> str:
-    text = format_poly(p, decl.order)
+def _operand(p: Poly, decl: BlockDecl | None) -> str:
+    text = format_poly(p, decl.order if decl is not None else current().order)
     return text if len(p.terms) <= 1 and (p.is_const or p.as_atom() is not None) else f"({text})"
 
 

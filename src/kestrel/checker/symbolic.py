@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import KestrelError
 from ..shapes.facts import Facts
-from ..shapes.poly import AtomOrder, Poly, format_poly
+from ..shapes.poly import AtomOrder, Poly, format_poly, ge_text
 from ..types.dtypes import DType, DTypeVar
 from ..types.tensor import TensorType, Variadic
 from .graph import Graph
@@ -95,8 +95,17 @@ def as_poly(x: Any) -> Poly:
 
 def require_positive(d: Poly) -> None:
     if not current().facts.positive(d):
-        text = fmt(d)
-        raise ShapeError(f"cannot prove the divisor {text} is positive", hint=f"{text} > 0")
+        raise ShapeError(f"cannot prove the divisor {fmt(d)} is positive", hint=positive_hint(d))
+
+
+def positive_hint(d: Poly) -> str:
+    """The fact that makes ``d > 0``: for a product, its factors not yet known positive (``Heads > 0``)."""
+    facts, order = current().facts, current().order
+    if len(d.terms) == 1 and d.terms[0][1] > 0 and d.terms[0][0]:
+        missing = [a for a in dict.fromkeys(d.terms[0][0]) if not facts.positive(Poly.atom(a))]
+        if missing:
+            return ", ".join(ge_text(Poly.atom(a), order, True).replace(" > 0", "") + " > 0" for a in missing)
+    return ge_text(d, order, True)
 
 
 class SymDim:

@@ -26,9 +26,9 @@ EPILOG = """examples:
   kestrel embed photos/ --model dinov2-base --out feats.safetensors
   kestrel zero-shot cat.jpg --labels "a cat" "a dog"
   kestrel export vit-base-patch16-224 --target onnx --out out/
-  kestrel segment photo.jpg --point 500,375      SAM mask PNG + overlay (--everything: every object)
   kestrel embed photos/ --model dinov2-base --out feats/ --engine ray   a dataset, Parquet shards on Ray
   kestrel site --serve                           the registry site at http://127.0.0.1:8000/
+  kestrel segment photo.jpg --point 500,375      SAM mask PNG + overlay (--everything: every object)
 
 exit status:
   0  success
@@ -62,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     models.add_parsers(sub)
     tasks.add_parsers(sub)
-    segment.add_parser(sub)
     site.add_parsers(sub)
+    segment.add_parser(sub)
     for p in {id(p): p for p in sub.choices.values()}.values():  # `kestrel CMD ... --debug` too
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser

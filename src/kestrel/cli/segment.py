@@ -18,6 +18,7 @@ EPILOG = """examples:
   kestrel segment photo.jpg --point 500,375 --mask-input out/lowres_0.npy   refine a previous mask
   kestrel segment photo.jpg --point 500,375 --embeddings photo.emb.safetensors   encode once, reuse
   kestrel segment photo.jpg --everything --out everything/  every object: PNGs and COCO RLE JSON
+  kestrel segment photo.jpg --point 300,200 --model sam2.1-hiera-tiny --size 512   SAM 2.1 at 512 px
   kestrel segment photos/ --everything --out masks/ --engine ray   a dataset: Parquet shards, COCO RLE per image
 
 Points and boxes are in pixels of the photo. Labels: 1 foreground (default), 0 background,
@@ -128,7 +129,9 @@ def cmd_segment(args: argparse.Namespace) -> int:
     if mask_file is not None and not mask_file.is_file():
         raise FileNotFoundError(f"--mask-input {mask_file}: no such file")
 
-    model = _load(args)
+    if args.size is not None and (args.size <= 0 or args.size % 32):
+        raise PromptError(f"--size {args.size}: SAM 2 runs at a positive multiple of 32 px (1024 or 512)")
+    model = _load(args, **({"E": args.size // 16} if args.size else {}))
     seg = segmenter_for(model)
     if args.everything:
         return _everything(args, seg, photo, out)
@@ -267,6 +270,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="sam-vit-base", metavar="NAME|DIR",
                    help="card name or save_pretrained directory (default sam-vit-base)")
     p.add_argument("--weights", metavar="DIR", help="read the card's files from DIR instead of the hub")
+    p.add_argument("--size", type=int, metavar="PX",
+                   help="SAM 2: run at PX x PX (1024 upstream, 512 the edge recipe; a multiple of 32)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--dtype", default="f32", choices=["f32", "bf16", "f16"], help="compute dtype (default f32)")
     from .datasets import add_dataset_args

@@ -94,7 +94,7 @@ class Model(Block):
     Inner: Dim
     Layers: Dim
     T: Float = f32
-    where = "Patch > 0, Heads > 0, D % Heads == 0"
+    where = "Patch > 0, Heads > 0, D % Heads == 0, Height >= Patch, Width >= Patch, D > 0, Channels > 0"
     imports = ("std.nn.linear", "std.nn.norm")
 
     patch_weight: Param["D, Channels, Patch, Patch; T"]
@@ -167,7 +167,7 @@ class SwiGluModel(Block, module="dinov2.swiglu"):
     Hidden: Dim
     Layers: Dim
     T: Float = f32
-    where = "Patch > 0, Heads > 0, D % Heads == 0"
+    where = "Patch > 0, Heads > 0, D % Heads == 0, Height >= Patch, Width >= Patch, D > 0, Channels > 0"
     imports = ("std.nn.linear", "std.nn.norm")
 
     patch_weight: Param["D, Channels, Patch, Patch; T"]

@@ -97,6 +97,7 @@ class Deconv2x2(Block):
     Cin: Dim
     Cout: Dim
     T: Float
+    where = "Cin > 0, Cout > 0"
 
     weight: Param["Cin, Cout, 2, 2; T"]
     bias: Param["Cout; T"]
@@ -199,6 +200,7 @@ class VisionNeck(Block):
     D: Dim
     Hd: Dim
     T: Float
+    where = "D > 0, Hd > 0"
 
     conv1: Conv2d["D, Hd, 1, 1, 0, T"]
     ln1: LayerNormCHW["Hd, T"]
@@ -242,7 +244,7 @@ def _vision_encoder(depth: int, global_layers: tuple[int, ...]) -> type[Block]:
     namespace = {
         "__module__": __name__, "__qualname__": "VisionEncoder", "__annotations__": annotations,
         "__doc__": f"Patch embedding, {depth} layers (global attention at {list(global_layers)}), the neck.",
-        "where": "Heads > 0, D % Heads == 0", "layers": layers, "forward": _encoder_forward,
+        "where": "Heads > 0, D % Heads == 0, D > 0, Hd > 0", "layers": layers, "forward": _encoder_forward,
     }
     return _variant(type("VisionEncoder", (Block,), namespace))
 
@@ -361,7 +363,7 @@ class MaskDecoder(Block):
     Heads: Dim
     Inner: Dim
     T: Float
-    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0, Hd % 8 == 0"
+    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0, Hd % 8 == 0, Hd >= 8"
 
     iou_token: Param["1, Hd; T"]
     mask_tokens: Param["4, Hd; T"]
@@ -420,7 +422,7 @@ class Model(Block):
     MaskInner: Dim
     T: Float = f32
     where = ("VisionHeads > 0, D % VisionHeads == 0, MaskHeads > 0, Hd % MaskHeads == 0, "
-             "(Hd / 2) % MaskHeads == 0, Hd % 8 == 0, Hd % 2 == 0")
+             "(Hd / 2) % MaskHeads == 0, Hd % 8 == 0, Hd % 2 == 0, D > 0, Hd >= 8")
     imports = ("std.nn.conv", "std.nn.linear", "std.nn.norm")
 
     vision_encoder: VisionEncoder["D, VisionHeads, VisionInner, Hd, T"]

@@ -137,7 +137,7 @@ class Model(Block):
     TextLayers: Dim
     T: Float = f32
     where = ("Patch > 0, VisionHeads > 0, VisionD % VisionHeads == 0, TextHeads > 0, TextD % TextHeads == 0, "
-             "MaxPositions > 0, TextD == VisionD")
+             "MaxPositions > 0, TextD == VisionD, Height >= Patch, Width >= Patch, VisionD > 0, Channels > 0")
     imports = ("std.nn.embedding", "std.nn.linear", "std.nn.norm")
 
     patch_weight: Param["VisionD, Channels, Patch, Patch; T"]

@@ -77,7 +77,7 @@ class Model(Block):
     Layers: Dim
     Classes: Dim
     T: Float = f32
-    where = "Patch > 0, Heads > 0, D % Heads == 0"
+    where = "Patch > 0, Heads > 0, D % Heads == 0, Height >= Patch, Width >= Patch, D > 0, Channels > 0"
     imports = ("std.nn.linear", "std.nn.norm")
 
     patch_weight: Param["D, Channels, Patch, Patch; T"]

@@ -75,9 +75,12 @@ def resolve_revision(spec: JobSpec) -> JobSpec:
     if spec.task == "zero-shot" and not hasattr(family.root(config), "text_features"):
         raise CardError(f"zero-shot needs an image-text model such as siglip-base-patch16-224; {spec.model} "
                         f"({family.name}) has no text tower")
-    if spec.task == "segment-everything" and family.name != "sam":
-        raise CardError(f"segment --everything needs a SAM model such as sam-vit-base; {spec.model} is of family "
-                        f"{family.name!r}")
+    if spec.task == "segment-everything":
+        from .segment import SEGMENTERS
+
+        if family.name not in SEGMENTERS:
+            raise CardError(f"segment --everything needs a SAM model such as sam-vit-base; {spec.model} is of "
+                            f"family {family.name!r}")
     if card is not None and spec.weights is None:
         return replace(spec, revision=card.revision)
     return replace(spec, revision="sha256:" + weights_digest(Path(directory))[:16])

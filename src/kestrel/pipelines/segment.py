@@ -56,11 +56,18 @@ class Segmenter(Protocol):
 
     name: str
     revision: str
+    processor: SamImageProcessor  # longest_edge, scale_coords, mask_prompt (SAM 2 shares the conventions)
 
     def encode(self, image: ImageSource) -> ImageEmbedding: ...
 
     def decode(self, embedding: ImageEmbedding, prompts: Sequence[Prompt], multimask: bool = False,
                mask_input: torch.Tensor | None = None) -> Decoded: ...
+
+    def decode_tensors(self, embedding: ImageEmbedding, points: torch.Tensor | None, labels: torch.Tensor | None,
+                       boxes: torch.Tensor | None, mask_input: torch.Tensor | None = None,
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every mask output ``[P, 1 + 3, h, w]`` and IoU ``[P, 1 + 3]`` (single first) for model-frame prompts."""
+        ...
 
     def postprocess(self, low_res: torch.Tensor, embedding: ImageEmbedding,
                     threshold: float | None = 0.0) -> torch.Tensor: ...
@@ -159,7 +166,13 @@ def _select(masks: torch.Tensor, iou: torch.Tensor, multimask: bool) -> Decoded:
     return Decoded(masks[:, sl], iou[:, sl])
 
 
-SEGMENTERS: dict[str, Callable[[torch.nn.Module], Segmenter]] = {"sam": SamSegmenter}
+def _sam2_segmenter(model: torch.nn.Module) -> Segmenter:
+    from .sam2_segment import Sam2Segmenter
+
+    return Sam2Segmenter(model)
+
+
+SEGMENTERS: dict[str, Callable[[torch.nn.Module], Segmenter]] = {"sam": SamSegmenter, "sam2": _sam2_segmenter}
 
 
 def segmenter_for(model: torch.nn.Module) -> Segmenter:

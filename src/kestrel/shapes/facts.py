@@ -19,6 +19,7 @@ from .poly import (
     Poly,
     Sym,
     _Binary,
+    exact_quotient,
     floordiv,
     format_poly,
     mod,
@@ -44,6 +45,8 @@ class Facts:
     """What a block's ``where`` clause lets the checker assume about its generics."""
 
     facts: list[Fact] = field(default_factory=list)
+    _cache_key: tuple | None = field(default=None, repr=False, compare=False)
+    _cache: tuple = field(default=(), repr=False, compare=False)
 
     def add(self, fact: Fact) -> None:
         self.facts.append(fact)
@@ -73,7 +76,15 @@ class Facts:
         return out
 
     def simplify(self, p: Poly) -> Poly:
-        """Rewrite p with the equalities, and ``d * (n / d)`` to ``n`` where ``d`` divides ``n``."""
+        """Rewrite p with the equalities, and ``d * (n / d)`` to ``n`` where ``d`` divides ``n``.
+
+        The operands of nested atoms are simplified first (``(H * (D / H)) / K`` is ``D / K``
+        when ``H`` divides ``D``).
+        """
+        p = _map_atoms(p, self.simplify)
+        return self._simplify_top(p)
+
+    def _simplify_top(self, p: Poly) -> Poly:
         subst = self._equalities()
         for _ in range(4):  # equalities may chain; a few rounds reach the fixed point here
             q = substitute(p, subst)
@@ -81,6 +92,8 @@ class Facts:
                 break
             p = q
         divisors = [(substitute(d, subst), substitute(n, subst)) for d, n in self._divisors()]
+        # quotients that are exact from their structure (``(H + (-H) % W) / W``) cancel too
+        divisors += [(a.b, a.a) for a in p.atoms() if isinstance(a, FloorDiv) and mod(a.a, a.b) == ZERO]
         if not divisors:
             return p
         return _cancel_exact_divisions(p, divisors)
@@ -90,24 +103,71 @@ class Facts:
         return self.simplify(a - b) == ZERO
 
     def nonneg(self, p: Poly) -> bool:
-        p = self.simplify(p)
-        lows = self._lower_bounds()
-        shift = {name: Poly.sym(name) + low for name, low in lows.items() if low != 0}
-        p = substitute(p, shift)  # X >= c: write X as c + X' with X' >= 0
-        # From here on p is over the shifted X' (each a natural number): the facts speak of the
-        # unshifted X, so nested atoms are judged by their structure only, never shifted again.
-        return _nonneg_shifted(p)
+        """``p >= 0`` for every binding the facts allow (``False``: cannot prove).
 
+        Lower bounds ``X >= c`` shift ``X`` to ``c + X'`` with ``X'`` natural; then ``p`` is
+        nonnegative if it is a nonnegative combination of the (shifted) ``>=`` facts plus a
+        polynomial that is nonnegative from its structure (natural symbols, nonnegative
+        coefficients, atoms proved nonnegative the same way). Relational facts such as
+        ``H >= K`` or ``H - K - 2 * P >= 0`` enter through that combination.
+        """
+        p = self.simplify(p)
+        shift, ges = self._shifted_facts()
+        p = substitute(p, shift)
+        ges = ges + [g for g in _quotient_bounds(p) if g not in ges]
+        if _nonneg(p, ges, _DEPTH):
+            return True
+        raised = _raise_quotients(p, ges)  # floor(a / b) >= 1 where a >= b: write it 1 + q'
+        return raised is not None and _nonneg(raised, ges, _DEPTH)
     def positive(self, p: Poly) -> bool:
         return self.nonneg(p - 1)
 
     def divides(self, d: Poly, n: Poly) -> bool:
+        if d == ZERO:
+            return False
+        common, d2, n2 = _common_factor(d, n)  # m * d' divides m * n' when d' divides n'
+        if common is not None:
+            return self.divides(d2, n2)
+        if n == ZERO or mod(n, d) == ZERO or (d.is_const and d.value in (1, -1)):
+            return True
+        if len(d.terms) > 1:
+            if exact_quotient(n, d) is not None:
+                return True
+            common, _, rest = _common_factor(d, d)  # d = c * d': d' | n and c | n / d'
+            if common is not None and len(rest.terms) > 1:
+                inner = exact_quotient(n, rest)
+                if inner is not None:
+                    return self.divides(common, inner)
         d, n = self.simplify(d), self.simplify(n)
         if n == ZERO or mod(n, d) == ZERO:
             return True
-        return any(self.equal(d, fd) and self.equal(n, fn) for fd, fn in self._divisors())
+        common, d2, n2 = _common_factor(d, n)
+        if common is not None:
+            return self.divides(d2, n2)
+        if any(self.equal(d, fd) and self.equal(n, fn) for fd, fn in self._divisors()):
+            return True
+        # d | a and d | b give d | (a * k + b * l): split n into terms the known divisors cover
+        return _covered(n, d, [fn for fd, fn in self._divisors() if self.equal(d, fd)])
 
     # helpers --------------------------------------------------------------------------------
+    def _shifted_facts(self) -> tuple[dict[str, Poly], list[Poly]]:
+        """The shift ``X -> c + X'`` from the lower bounds, and every ``>=`` fact as ``g >= 0`` over X'."""
+        key = tuple(self.facts)
+        if self._cache_key != key:
+            lows = self._lower_bounds()
+            shift = {name: Poly.sym(name) + low for name, low in lows.items() if low != 0}
+            ges: list[Poly] = []
+            for f in self.facts:
+                if f.kind == "ge":
+                    g = substitute(self.simplify(f.lhs - f.rhs), shift)
+                    if g != ZERO and not _structural(g) and g not in ges:
+                        ges.append(g)
+            for g in list(ges):
+                ges += [b for b in _quotient_bounds(g) if b not in ges]
+            self._cache = (shift, ges)
+            self._cache_key = key
+        return self._cache
+
     def _lower_bounds(self) -> dict[str, int]:
         """``X >= c`` for the facts of the form ``X + k >= c`` (``X > 0``, ``X >= 1``, ``X > 2``)."""
         lows: dict[str, int] = {}
@@ -120,24 +180,168 @@ class Facts:
         return lows
 
 
-def _nonneg_shifted(p: Poly) -> bool:
-    """Structurally nonnegative: coefficients >= 0 over atoms that are (every symbol is natural)."""
-    return all(c >= 0 for _, c in p.terms) and all(_atom_nonneg(a) for m, _ in p.terms for a in m)
+_DEPTH = 3
 
 
-def _atom_nonneg(a: Atom) -> bool:
+def _structural(p: Poly) -> bool:
+    return _nonneg(p, [], 0)
+
+
+def _nonneg(p: Poly, ges: list[Poly], depth: int) -> bool:
+    """p >= 0 over natural symbols, given ``g >= 0`` for each g in ``ges``.
+
+    Sound by construction: it only ever returns True for ``p = sum(k_i * g_i) + q`` with integers
+    ``k_i >= 0`` and ``q`` nonnegative term by term.
+    """
+    bad = [(m, c) for m, c in p.terms if c < 0 or not all(_atom_nonneg(a, ges) for a in m)]
+    if not bad:
+        return True
+    if depth == 0 or not ges:
+        return False
+    mono, coef = bad[0]
+    for g in ges:
+        cg = dict(g.terms).get(mono, 0)
+        if coef < 0 and cg < 0:
+            k = -(coef // -cg)  # ceil(|coef| / |cg|): the term becomes nonnegative
+        elif coef > 0 and cg > 0 and coef % cg == 0:
+            k = coef // cg  # an atom not known nonnegative: cancel it exactly
+        else:
+            continue
+        if _nonneg(p - k * g, ges, depth - 1):
+            return True
+    return False
+
+
+def _quotient_bounds(p: Poly) -> list[Poly]:
+    """``n - c * q >= 0`` and ``c * q + c - 1 - n >= 0`` for each quotient ``q = n / c`` in p (c > 0)."""
+    out = []
+    for a in p.atoms():
+        if isinstance(a, FloorDiv) and a.b.is_const and a.b.value > 0:
+            c, q = a.b.value, Poly.atom(a)
+            out += [a.a - c * q, c * q + (c - 1) - a.a]
+    return out
+
+
+def _raise_quotients(p: Poly, ges: list[Poly]) -> Poly | None:
+    """p with each quotient atom ``q = a / b`` proved ``>= 1`` rewritten as ``1 + q'`` (``q' >= 0``).
+
+    The result is over the same atoms read as ``q' = q - 1``; each stays a natural number, so the
+    structural test applies to it unchanged. None when no quotient can be raised.
+    """
+    lows: dict[Atom, int] = {}
+    for mono, _ in p.terms:
+        for a in mono:
+            if isinstance(a, FloorDiv) and a not in lows:
+                ok = _nonneg(a.a - a.b, ges, _DEPTH) and _nonneg(a.b - 1, ges, _DEPTH)
+                lows[a] = 1 if ok else 0
+    if not any(lows.values()):
+        return None
+    out = ZERO
+    for mono, coef in p.terms:
+        term = Poly.const(coef)
+        for a in mono:
+            term = term * (Poly.atom(a) + lows.get(a, 0))
+        out = out + term
+    return out
+
+
+def _atom_nonneg(a: Atom, ges: list[Poly]) -> bool:
     if isinstance(a, Sym):
         return True  # every dimension is a natural number
     assert isinstance(a, _Binary)
     if isinstance(a, Mod):
-        return _nonneg_shifted(a.b - 1)
+        return _nonneg(a.b - 1, ges, _DEPTH)
     if isinstance(a, FloorDiv):
-        return _nonneg_shifted(a.a) and _nonneg_shifted(a.b - 1)
+        return _nonneg(a.a, ges, _DEPTH) and _nonneg(a.b - 1, ges, _DEPTH)
     if isinstance(a, Min):
-        return _nonneg_shifted(a.a) and _nonneg_shifted(a.b)
+        return _nonneg(a.a, ges, _DEPTH) and _nonneg(a.b, ges, _DEPTH)
     if isinstance(a, Max):
-        return _nonneg_shifted(a.a) or _nonneg_shifted(a.b)
+        return _nonneg(a.a, ges, _DEPTH) or _nonneg(a.b, ges, _DEPTH)
     return False
+
+
+def _monomial_gcd(polys: list[Poly]) -> tuple[Atom, ...]:
+    common: list[Atom] | None = None
+    for p in polys:
+        for mono, _ in p.terms:
+            if common is None:
+                common = list(mono)
+            else:
+                rest = list(mono)
+                keep = []
+                for a in common:
+                    if a in rest:
+                        rest.remove(a)
+                        keep.append(a)
+                common = keep
+    return tuple(sorted(common or ()))
+
+
+def _common_factor(d: Poly, n: Poly) -> tuple[Poly | None, Poly, Poly]:
+    """``d = m * d'`` and ``n = m * n'`` for the largest common monomial ``m`` (None if it is 1)."""
+    from math import gcd
+
+    m = _monomial_gcd([d, n])
+    g = 0
+    for _, c in (*d.terms, *n.terms):
+        g = gcd(g, abs(c))
+    if not m and g <= 1:
+        return None, d, n
+    g = max(g, 1)
+
+    def div(p: Poly) -> Poly:
+        out = []
+        for mono, c in p.terms:
+            rest = list(mono)
+            for a in m:
+                rest.remove(a)
+            out.append((tuple(rest), c // g))
+        return Poly(out)
+
+    return Poly([(m, g)]), div(d), div(n)
+
+
+def _covered(n: Poly, d: Poly, known: list[Poly]) -> bool:
+    """n is a sum of terms each a multiple of ``d`` or of a known multiple of ``d``."""
+    if not known:
+        return False
+    rest = n
+    for fn in known:
+        if len(fn.terms) != 1:
+            continue
+        fmono, fc = fn.terms[0]
+        kept = []
+        for mono, c in rest.terms:
+            left = list(mono)
+            ok = all(a in left and not left.remove(a) for a in fmono) and c % fc == 0
+            if not ok:
+                kept.append((mono, c))
+        rest = Poly(kept)
+    return rest == ZERO or mod(rest, d) == ZERO
+
+
+_REBUILD = {FloorDiv: floordiv, Mod: mod}
+
+
+def _map_atoms(p: Poly, f) -> Poly:
+    """p with every floor-division and modulo atom rebuilt from ``f`` of its operands."""
+    if all(isinstance(a, Sym) for m, _ in p.terms for a in m):
+        return p
+    cache: dict[Atom, Poly] = {}
+
+    def atom(a: Atom) -> Poly:
+        if a not in cache:
+            build = _REBUILD.get(type(a))
+            cache[a] = build(f(a.a), f(a.b)) if build is not None else Poly.atom(a)  # type: ignore[attr-defined]
+        return cache[a]
+
+    out = ZERO
+    for mono, coef in p.terms:
+        term = Poly.const(coef)
+        for a in mono:
+            term = term * atom(a)
+        out = out + term
+    return out
 
 
 def _cancel_exact_divisions(p: Poly, divisors: list[tuple[Poly, Poly]]) -> Poly:

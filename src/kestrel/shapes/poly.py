@@ -322,6 +322,18 @@ def floordiv(n: Poly, d: Poly) -> Poly:
             return n
         if n.is_const:
             return Poly.const(n.value // d.value)
+    common = _common_monomial(n, d)
+    if common:  # floor(m * a / (m * b)) == floor(a / b): the divisor is positive, so m is not 0
+        return floordiv(_strip(n, common), _strip(d, common))
+    if len(d.terms) > 1:
+        exact = exact_quotient(n, d)
+        if exact is not None:  # n == d * q as polynomials: the floor is q
+            return exact
+        content = _common_monomial(d, d)
+        if content:  # d = c * d' with d' dividing n: floor(n / d) = floor((n / d') / c)
+            inner = exact_quotient(n, _strip(d, content))
+            if inner is not None:
+                return floordiv(inner, Poly({content: 1}))
     split = _split_by(n, d)
     if split is not None:
         q, r = split
@@ -347,6 +359,62 @@ def floordiv(n: Poly, d: Poly) -> Poly:
     return Poly.atom(FloorDiv(n, d))
 
 
+def _lead(p: Poly) -> tuple[Monomial, int]:
+    """The leading term in graded order over atom ids (a fixed monomial order)."""
+    return max(p.terms, key=lambda t: (len(t[0]), sorted((a.id for a in t[0]), reverse=True)))
+
+
+def exact_quotient(n: Poly, d: Poly) -> Poly | None:
+    """q with ``n == d * q`` as polynomials over the atoms, or None.
+
+    Division by one polynomial in a fixed monomial order leaves a unique remainder, zero exactly
+    when d divides n; integer coefficients must divide too (otherwise None: not proved).
+    """
+    if d == ZERO:
+        return None
+    dm, dc = _lead(d)
+    q: list[tuple[Monomial, int]] = []
+    r = n
+    for _ in range(64):
+        if r == ZERO:
+            return Poly(q)
+        rm, rc = _lead(r)
+        rest = _mono_divide(rm, dm)
+        if rest is None or rc % dc:
+            return None
+        term = Poly({tuple(sorted(rest)): rc // dc})
+        q.append((tuple(sorted(rest)), rc // dc))
+        r = r - d * term
+    return None
+
+
+def _common_monomial(n: Poly, d: Poly) -> Monomial:
+    common: list[Atom] | None = None
+    for mono, _ in (*n.terms, *d.terms):
+        if common is None:
+            common = list(mono)
+            continue
+        rest, keep = list(mono), []
+        for a in common:
+            if a in rest:
+                rest.remove(a)
+                keep.append(a)
+        common = keep
+        if not common:
+            break
+    return tuple(sorted(common or ()))
+
+
+def _strip(p: Poly, m: Monomial) -> Poly:
+    out = []
+    for mono, c in p.terms:
+        rest = list(mono)
+        for a in m:
+            rest.remove(a)
+        out.append((tuple(rest), c))
+    return Poly(out)
+
+
 def mod(n: Poly, d: Poly) -> Poly:
     """n mod d (floor semantics, result in [0, d)) in canonical form."""
     if d.is_const:
@@ -356,6 +424,7 @@ def mod(n: Poly, d: Poly) -> Poly:
             return ZERO
         if n.is_const:
             return Poly.const(n.value % d.value)
+    n = _unwrap_mods(n, d)  # (a + c * (y % d)) mod d == (a + c * y) mod d
     split = _split_by(n, d)
     if split is not None:
         n = split[1]  # (d * q + r) mod d == r mod d
@@ -364,6 +433,23 @@ def mod(n: Poly, d: Poly) -> Poly:
     if d.is_const and n.is_const:  # the remainder may have become a constant: (2 * H + 1) % 2 is 1
         return Poly.const(n.value % d.value)
     return Poly.atom(Mod(n, d))
+
+
+def _unwrap_mods(n: Poly, d: Poly) -> Poly:
+    """Replace each term ``c * (y % d)`` of n by ``c * y``: the same value modulo d."""
+    for _ in range(8):
+        out: list[tuple[Monomial, int]] = []
+        changed = False
+        for mono, coef in n.terms:
+            if len(mono) == 1 and isinstance(mono[0], Mod) and mono[0].b == d:
+                out.extend((m, coef * c) for m, c in mono[0].a.terms)
+                changed = True
+            else:
+                out.append((mono, coef))
+        if not changed:
+            return n
+        n = Poly(out)
+    return n
 
 
 def _structurally_nonneg(p: Poly) -> bool:
@@ -518,3 +604,12 @@ def _format_atom(a: Atom, order: AtomOrder, alone: bool) -> str:
     op = "/" if isinstance(a, FloorDiv) else "%"
     text = f"{_format_operand(a.a, order)} {op} {_format_operand(a.b, order)}"
     return text if alone else f"({text})"
+
+
+def ge_text(p: Poly, order: AtomOrder | None = None, strict: bool = False) -> str:
+    """``p >= 0`` (``p > 0`` when strict) as a reader writes it: negative terms moved right."""
+    pos = Poly([t for t in p.terms if t[1] > 0])
+    neg = -Poly([t for t in p.terms if t[1] < 0])
+    if not strict and neg == Poly.const(1):  # ``D >= 1`` reads ``D > 0``
+        return f"{format_poly(pos, order)} > 0"
+    return f"{format_poly(pos, order)} {'>' if strict else '>='} {format_poly(neg, order)}"

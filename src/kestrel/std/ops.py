@@ -24,11 +24,12 @@ from ..checker.symbolic import (
     current,
     fmt,
     op,
+    positive_hint,
     record,
     require_positive,
 )
-from ..shapes.poly import ONE, Poly, floordiv
-from ..types.dtypes import DType, DTypeVar, bool_, f32
+from ..shapes.poly import ONE, Poly, floordiv, ge_text
+from ..types.dtypes import DType, DTypeVar, bool_, f32, i64
 from ..types.tensor import TensorType, Variadic
 
 # ------------------------------------------------------------------------------------ helpers
@@ -36,6 +37,26 @@ from ..types.tensor import TensorType, Variadic
 
 def _t(x: SymTensor, dims: Sequence[Poly | Variadic], dtype: DType | DTypeVar | None = None) -> SymTensor:
     return SymTensor(TensorType(tuple(dims), dtype if dtype is not None else x.dtype))
+
+
+def nonneg(p: Poly, what: str, x: SymTensor | None = None) -> Poly:
+    """Prove the size ``p >= 0`` from the where clause, or fail naming the missing fact."""
+    if not current().facts.nonneg(p):
+        shape = f" ({x.show()})" if x is not None else ""
+        raise ShapeError(f"{what}: cannot prove the size {fmt(p)} is nonnegative{shape}", hint=_ge(p))
+    return p
+
+
+def positive(p: Poly, what: str, x: SymTensor | None = None) -> Poly:
+    """Prove the size ``p > 0`` (where torch refuses an empty axis), or fail naming the missing fact."""
+    if not current().facts.positive(p):
+        shape = f" ({x.show()})" if x is not None else ""
+        raise ShapeError(f"{what}: cannot prove the size {fmt(p)} is positive{shape}", hint=positive_hint(p))
+    return p
+
+
+def _ge(p: Poly, strict: bool = False) -> str:
+    return ge_text(p, current().order, strict)
 
 
 def same(a: Poly, b: Poly, what: str, x: SymTensor, y: SymTensor | None = None) -> None:
@@ -51,11 +72,30 @@ def same_dtype(x: SymTensor, y: SymTensor, what: str) -> None:
         raise ShapeError(f"{what}: dtype {x.dtype} vs {y.dtype} ({x.show()} and {y.show()})")
 
 
-def float_dtype(x: SymTensor, what: str) -> None:
+def kind_of(x: SymTensor) -> str:
+    """``Float``, ``Int``, ``Bool``, or ``DType`` for a generic that may be any of them."""
     d = x.dtype
-    kind = d.kind if isinstance(d, DType | DTypeVar) else None
-    if kind not in ("Float",):
-        raise ShapeError(f"{what} needs a floating-point tensor, got {x.show()}")
+    return d.kind if isinstance(d, DType | DTypeVar) else "DType"
+
+
+def float_dtype(x: SymTensor, what: str) -> None:
+    if kind_of(x) != "Float":
+        hint = " (declare its dtype generic as `T: Float`, or cast it)" if isinstance(x.dtype, DTypeVar) else ""
+        raise ShapeError(f"{what} needs a floating-point tensor, got {x.show()}{hint}")
+
+
+def numeric_dtype(x: SymTensor, what: str) -> None:
+    if kind_of(x) not in ("Float", "Int"):
+        raise ShapeError(f"{what} needs a number tensor (Float or Int), got {x.show()}")
+
+
+def scalar_fits(t: SymTensor, value: Any, what: str) -> None:
+    """A Python number beside a tensor keeps the tensor's dtype only when torch would not promote it."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ShapeError(f"{what} of a tensor and a {type(value).__name__}")
+    if isinstance(value, float) and kind_of(t) != "Float":
+        raise ShapeError(f"{what}: a float {value} with {t.show()} would promote it to a float dtype; "
+                         f"cast the tensor explicitly")
 
 
 def axis(x: SymTensor, dim: int, rank: int | None = None) -> int:
@@ -121,14 +161,15 @@ def _binary(name: str, torch_fn: Any) -> Any:
     def _(x: Any, y: Any) -> SymTensor:
         if isinstance(x, SymTensor) and isinstance(y, SymTensor):
             same_dtype(x, y, name)
+            (float_dtype if name == "div" else numeric_dtype)(x, name)
             dims = broadcast_dims(x.dims, y.dims, name, x.show(), y.show())
             return _t(x, dims)
         t = x if isinstance(x, SymTensor) else y
         other = y if t is x else x
         if isinstance(other, SymDim):
             raise ShapeError(f"{name} of a tensor and the dimension {other}: convert it with a std op")
-        if not isinstance(other, int | float):
-            raise ShapeError(f"{name} of a tensor and a {type(other).__name__}")
+        (float_dtype if name == "div" else numeric_dtype)(t, name)  # int / int is a float in torch
+        scalar_fits(t, other, name)
         return _t(t, t.dims)
 
     return kernel
@@ -193,6 +234,7 @@ def _onednn_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (USE_ONEDNN_LINEAR and not torch.compiler.is_compiling()
             and type(x) is torch.Tensor and type(weight) in (torch.Tensor, torch.nn.Parameter)
             and x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
+            and x.numel() > 0 and weight.numel() > 0  # oneDNN refuses empty operands; F.linear takes them
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
 
 
@@ -215,11 +257,13 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None) -> SymTens
         raise ShapeError(f"linear: weight must be [Out, In], got {weight.show()}")
     same(last_dim(x, "linear"), w[1], "linear: the contraction dimension differs", x, weight)
     same_dtype(x, weight, "linear")
+    float_dtype(x, "linear")
     if bias is not None:
         b = bias.fixed_dims("linear's bias")
         if len(b) != 1:
             raise ShapeError(f"linear: bias must be [Out], got {bias.show()}")
         same(b[0], w[0], "linear: bias length differs from the output features", bias, weight)
+        same_dtype(bias, weight, "linear bias")
     return _t(x, [*x.dims[:-1], w[0]])
 
 
@@ -232,6 +276,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 @matmul.rule
 def _(a: SymTensor, b: SymTensor) -> SymTensor:
     same_dtype(a, b, "matmul")
+    float_dtype(a, "matmul")
     da, db = a.fixed_dims("matmul"), b.fixed_dims("matmul")
     if len(da) < 1 or len(db) < 1:
         raise ShapeError(f"matmul of a scalar: {a.show()} @ {b.show()}")
@@ -252,8 +297,13 @@ bmm = matmul
 # ----------------------------------------------------------------------------------- convolution
 
 
-def _conv_out(size: Poly, k: Poly, stride: Poly, pad: Poly) -> Poly:
+def _conv_out(size: Poly, k: Poly, stride: Poly, pad: Poly, what: str = "conv", x: SymTensor | None = None) -> Poly:
+    """``(size + 2 pad - k) / stride + 1``; torch needs the kernel to fit: ``size + 2 pad >= k``."""
     require_positive(stride)
+    positive(k, f"{what}: the kernel size", x)
+    nonneg(pad, f"{what}: the padding", x)
+    nonneg(size + 2 * pad - k, f"{what}: the kernel {fmt(k)} must fit in the padded input (output size "
+           f"{fmt(floordiv(size + 2 * pad - k, stride) + 1)})", x)
     return floordiv(size + 2 * pad - k, stride) + 1
 
 
@@ -262,6 +312,16 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            stride: Any = 1, padding: Any = 0) -> torch.Tensor:
     """2-D convolution, square or rectangular kernel: ``[B, Cin, H, W] -> [B, Cout, H', W']``."""
     return F.conv2d(x, weight, bias, stride=stride, padding=padding)
+
+
+def _conv_bias(bias: SymTensor | None, out: Poly, weight: SymTensor, what: str) -> None:
+    if bias is None:
+        return
+    b = bias.fixed_dims(f"{what}'s bias")
+    if len(b) != 1:
+        raise ShapeError(f"{what}: bias must be [Cout], got {bias.show()}")
+    same(b[0], out, f"{what}: bias length differs from the output channels", bias, weight)
+    same_dtype(bias, weight, f"{what} bias")
 
 
 def _pair(v: Any) -> tuple[Any, Any]:
@@ -276,11 +336,13 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None, stride: An
         raise ShapeError(f"conv2d takes [B, Cin, H, W] and [Cout, Cin, KH, KW], got {x.show()} and {weight.show()}")
     same(dx[1], dw[1], "conv2d: input channels differ", x, weight)
     same_dtype(x, weight, "conv2d")
-    if bias is not None:
-        same(bias.fixed_dims()[0], dw[0], "conv2d: bias length differs from the output channels", bias, weight)
+    float_dtype(x, "conv2d")
+    positive(dw[0], "conv2d: the output channels", weight)
+    positive(dx[1], "conv2d: the input channels", x)  # torch gives 0 output channels for 0 input ones
+    _conv_bias(bias, dw[0], weight, "conv2d")
     (sh, sw), (ph, pw) = _pair(stride), _pair(padding)
-    h = _conv_out(dx[2], dw[2], as_poly(sh), as_poly(ph))
-    w = _conv_out(dx[3], dw[3], as_poly(sw), as_poly(pw))
+    h = _conv_out(dx[2], dw[2], as_poly(sh), as_poly(ph), "conv2d", x)
+    w = _conv_out(dx[3], dw[3], as_poly(sw), as_poly(pw), "conv2d", x)
     return _t(x, [dx[0], dw[0], h, w])
 
 
@@ -299,9 +361,11 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None, stride: An
         raise ShapeError(f"conv1d takes [B, Cin, L] and [Cout, Cin, K], got {x.show()} and {weight.show()}")
     same(dx[1], dw[1], "conv1d: input channels differ", x, weight)
     same_dtype(x, weight, "conv1d")
-    if bias is not None:
-        same(bias.fixed_dims()[0], dw[0], "conv1d: bias length differs from the output channels", bias, weight)
-    return _t(x, [dx[0], dw[0], _conv_out(dx[2], dw[2], as_poly(stride), as_poly(padding))])
+    float_dtype(x, "conv1d")
+    positive(dw[0], "conv1d: the output channels", weight)
+    positive(dx[1], "conv1d: the input channels", x)
+    _conv_bias(bias, dw[0], weight, "conv1d")
+    return _t(x, [dx[0], dw[0], _conv_out(dx[2], dw[2], as_poly(stride), as_poly(padding), "conv1d", x)])
 
 
 @op("conv_transpose2x2")
@@ -317,6 +381,11 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None) -> SymTens
         raise ShapeError(f"conv_transpose2x2 takes [B, Cin, H, W] and [Cin, Cout, 2, 2], got "
                          f"{x.show()} and {weight.show()}")
     same(dx[1], dw[0], "conv_transpose2x2: input channels differ", x, weight)
+    same_dtype(x, weight, "conv_transpose2x2")
+    float_dtype(x, "conv_transpose2x2")
+    positive(dw[0], "conv_transpose2x2: the input channels", weight)
+    positive(dw[1], "conv_transpose2x2: the output channels", weight)
+    _conv_bias(bias, dw[1], weight, "conv_transpose2x2")
     return _t(x, [dx[0], dw[1], 2 * dx[2], 2 * dx[3]])
 
 
@@ -336,6 +405,7 @@ def _(x: SymTensor, weight: SymTensor | None, bias: SymTensor | None, eps: float
     for p in (weight, bias):
         if p is not None:
             same(p.fixed_dims()[0], d, "layer_norm: parameter length differs from the last axis", p, x)
+            same_dtype(x, p, "layer_norm")
     float_dtype(x, "layer_norm")
     return _t(x, x.dims)
 
@@ -356,6 +426,8 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor, eps: float = 1e-6) -> Sy
         raise ShapeError(f"layer_norm_chw takes [B, C, H, W], got {x.show()}")
     for p in (weight, bias):
         same(p.fixed_dims()[0], d[1], "layer_norm_chw: parameter length differs from the channels", p, x)
+        same_dtype(x, p, "layer_norm_chw")
+    float_dtype(x, "layer_norm_chw")
     return _t(x, x.dims)
 
 
@@ -371,6 +443,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
 def _(x: SymTensor, weight: SymTensor, eps: float = 1e-6) -> SymTensor:
     same(weight.fixed_dims()[0], last_dim(x, "rms_norm"), "rms_norm: weight length differs from the last axis",
          weight, x)
+    same_dtype(x, weight, "rms_norm")
+    float_dtype(x, "rms_norm")
     return _t(x, x.dims)
 
 
@@ -427,6 +501,11 @@ def _(q: SymTensor, k: SymTensor, v: SymTensor, bias: SymTensor | None = None, m
         same(a, b, "attention: batch axes of query and key differ", q, k)
     same_dtype(q, k, "attention")
     same_dtype(k, v, "attention")
+    float_dtype(q, "attention")
+    if bias is not None:
+        same_dtype(q, bias, "attention bias")
+    if mask is not None and mask.dtype != bool_:
+        raise ShapeError(f"attention: the mask must be a bool tensor, got {mask.show()}")
     scores = [*dq[:-1], dk[-2]]
     for extra, name in ((bias, "bias"), (mask, "mask")):
         if extra is not None:
@@ -467,16 +546,27 @@ def _(x: SymTensor, *shape: Any) -> SymTensor:
     if None in target:
         known = _numel([t for t in target if t is not None])
         if not facts.divides(known, total):
+            k2, t2 = _cancel_common(known, total)
             raise ShapeError(f"reshape of {x.show()} to [{_show_target(target)}]: cannot prove {fmt(known)} "
-                             f"divides {fmt(total)}", hint=f"{fmt(total)} % {fmt(known)} == 0")
+                             f"divides {fmt(total)}", hint=f"{_operand(t2)} % {_operand(k2)} == 0")
         require_positive(known)
         target[target.index(None)] = floordiv(total, known)
     dims: list[Poly] = [t for t in target if t is not None]
+    for t in dims:
+        nonneg(t, "reshape: a target axis", x)
     if not facts.equal(_numel(dims), total):
         hint = _divisibility_hint(dims)
         raise ShapeError(f"reshape of {x.show()} to [{_show(dims)}]: element counts {fmt(total)} and "
                          f"{fmt(_numel(dims))} cannot be proved equal", hint=hint)
     return _t(x, dims)
+
+
+def _cancel_common(known: Poly, total: Poly) -> tuple[Poly, Poly]:
+    """``known`` and ``total`` without their common monomial factor: what the hint must name."""
+    from ..shapes.facts import _common_factor
+
+    _, k, t = _common_factor(known, total)
+    return k, t
 
 
 def _show_target(t: Sequence[Poly | None]) -> str:
@@ -486,11 +576,17 @@ def _show_target(t: Sequence[Poly | None]) -> str:
 def _divisibility_hint(dims: Sequence[Poly]) -> str | None:
     from ..shapes.poly import FloorDiv
 
+    facts = current().facts
     for d in dims:
-        for a in d.atoms():
-            if isinstance(a, FloorDiv):
-                return f"{fmt(a.a)} % {fmt(a.b)} == 0"
+        for a in d.atoms():  # the first division not already known exact is the missing fact
+            if isinstance(a, FloorDiv) and not facts.divides(a.b, a.a):
+                return f"{_operand(a.a)} % {_operand(a.b)} == 0"
     return None
+
+
+def _operand(p: Poly) -> str:
+    text = fmt(p)
+    return text if p.is_const or p.as_atom() is not None else f"({text})"
 
 
 view = reshape
@@ -580,7 +676,7 @@ def _(x: SymTensor, *sizes: Any) -> SymTensor:
                 raise ShapeError(f"expand: -1 for a new leading axis of {x.show()}")
             out.append(cur)
             continue
-        want = as_poly(s)
+        want = nonneg(as_poly(s), "expand: a target axis", x)
         if cur is not None and cur != ONE:
             same(cur, want, f"expand: axis {i - offset} is not 1 and differs", x)
         out.append(want)
@@ -642,7 +738,7 @@ def split(x: torch.Tensor, sizes: Sequence[Any], dim: int = -1) -> tuple[torch.T
 def _(x: SymTensor, sizes: Sequence[Any], dim: int = -1) -> tuple[SymTensor, ...]:
     d = list(x.dims)
     i = axis(x, dim)
-    parts = [as_poly(s) for s in sizes]
+    parts = [nonneg(as_poly(s), "split: a piece", x) for s in sizes]
     same(_sum(parts), d[i], "split: the pieces do not add up to the axis", x)  # type: ignore[arg-type]
     return tuple(_t(x, [*d[:i], p, *d[i + 1:]]) for p in parts)
 
@@ -670,7 +766,7 @@ def _(x: SymTensor, pads: Sequence[Any], value: float = 0.0) -> SymTensor:
         before, after = as_poly(pads[2 * k]), as_poly(pads[2 * k + 1])
         for p in (before, after):
             if not facts.nonneg(p):
-                raise ShapeError(f"pad: cannot prove the padding {fmt(p)} is nonnegative", hint=f"{fmt(p)} >= 0")
+                raise ShapeError(f"pad: cannot prove the padding {fmt(p)} is nonnegative", hint=_ge(p))
         d[len(d) - 1 - k] = d[len(d) - 1 - k] + before + after
     return _t(x, d)
 
@@ -683,7 +779,7 @@ def repeat(x: torch.Tensor, *times: Any) -> torch.Tensor:
 @repeat.rule
 def _(x: SymTensor, *times: Any) -> SymTensor:
     d = x.fixed_dims("repeat")
-    t = [as_poly(s) for s in times]
+    t = [nonneg(as_poly(s), "repeat: a factor", x) for s in times]
     if len(t) < len(d):
         raise ShapeError(f"repeat of {x.show()} with {len(t)} factors")
     d = [ONE] * (len(t) - len(d)) + d
@@ -709,11 +805,12 @@ def _slice_len(size: Poly, s: slice, where: str = "") -> Poly:
         stop = size + stop
     for bound, name in ((start, "start"), (stop, "stop")):
         if not (facts.nonneg(bound) and facts.nonneg(size - bound)):
+            bad = bound if not facts.nonneg(bound) else size - bound
             raise ShapeError(f"slice {name} {fmt(bound)} may be outside an axis of length {fmt(size)}{where}",
-                             hint=f"{fmt(size)} >= {fmt(bound)}")
+                             hint=_ge(bad))
     if not facts.nonneg(stop - start):
         raise ShapeError(f"slice {fmt(start)}:{fmt(stop)} may be empty or reversed{where}",
-                         hint=f"{fmt(stop)} >= {fmt(start)}")
+                         hint=_ge(stop - start))
     return floordiv(stop - start + step - 1, step)
 
 
@@ -741,9 +838,9 @@ def getitem(x: SymTensor, index: Any) -> SymTensor:
         elif isinstance(i, int | SymDim):
             p = as_poly(i)
             if p.is_const and p.value < 0:  # x[-k] needs size >= k
-                ok, hint = facts.nonneg(size + p), f"{fmt(size)} >= {fmt(-p)}"
+                ok, hint = facts.nonneg(size + p), _ge(size + p)
             else:
-                ok, hint = facts.positive(size - p), f"{fmt(size)} > {fmt(p)}"
+                ok, hint = facts.positive(size - p), _ge(size - p, strict=True)
             if not ok:
                 raise ShapeError(f"index {fmt(p)} may be out of range for an axis of length {fmt(size)} "
                                  f"in {x.show()}", hint=hint)
@@ -815,6 +912,8 @@ def _(cond: SymTensor, x: Any, y: Any) -> SymTensor:
         raise ShapeError("where: at least one of the values must be a tensor")
     if len(tensors) == 2:
         same_dtype(tensors[0], tensors[1], "where")
+    else:
+        scalar_fits(tensors[0], y if tensors[0] is x else x, "where")
     dims = list(cond.dims)
     shown = cond.show()
     for v in tensors:
@@ -838,7 +937,7 @@ def _(table: SymTensor, n: Any) -> SymTensor:
     d = table.fixed_dims("relative_positions")
     if len(d) != 2:
         raise ShapeError(f"relative_positions takes a [2n - 1, C] table, got {table.show()}")
-    size = as_poly(n)
+    size = as_poly(n)  # the table's length 2n - 1, a size, makes n >= 1
     same(d[0], 2 * size - 1, "relative_positions: the table length is not 2n - 1", table)
     return _t(table, [size, size, d[1]])
 
@@ -857,6 +956,16 @@ def _reduce(name: str, torch_fn: Any) -> Any:
         axes = {axis(x, a) for a in (dim if isinstance(dim, list | tuple) else [dim])}
         out = [ONE if i in axes else s for i, s in enumerate(d)] if keepdim else [
             s for i, s in enumerate(d) if i not in axes]
+        if name == "amax":
+            for i in axes:  # torch refuses the max of nothing
+                positive(d[i], "amax: the reduced axis", x)
+        if name == "mean":
+            float_dtype(x, name)
+        elif name == "sum" and kind_of(x) != "Float":
+            if kind_of(x) == "DType":
+                raise ShapeError(f"sum of {x.show()}: a float stays, an integer or bool becomes i64; "
+                                 "declare the dtype's kind")
+            return _t(x, out, i64)  # torch sums integers and bools in int64
         return _t(x, out)
 
     return kernel
@@ -865,6 +974,66 @@ def _reduce(name: str, torch_fn: Any) -> Any:
 sum_ = _reduce("sum", torch.sum)
 mean = _reduce("mean", torch.mean)
 amax = _reduce("amax", torch.amax)
+
+
+# ------------------------------------------------------------------------ comparisons, selection
+
+
+abs_ = _unary("abs", torch.abs)
+
+
+def _compare(name: str, torch_fn: Any) -> Any:
+    @op(name)
+    def kernel(x: torch.Tensor, value: int | float) -> torch.Tensor:
+        return torch_fn(x, value)
+
+    @kernel.rule
+    def _(x: SymTensor, value: int | float) -> SymTensor:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ShapeError(f"{name} compares with a Python number, got {type(value).__name__}")
+        return _t(x, x.dims, bool_)
+
+    return kernel
+
+
+gt = _compare("gt", torch.gt)  # ``x > value``, a bool tensor of x's shape
+ge = _compare("ge", torch.ge)  # ``x >= value``
+
+
+@op("argmax")
+def argmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """The index of the first largest value along ``dim`` (which is dropped), as i64."""
+    return torch.argmax(x, dim=dim)
+
+
+@argmax.rule
+def _(x: SymTensor, dim: int = -1) -> SymTensor:
+    d = x.fixed_dims("argmax")
+    a = axis(x, dim)
+    return _t(x, [s for i, s in enumerate(d) if i != a], i64)
+
+
+@op("take_along")
+def take_along(x: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tensor:
+    """``torch.gather``: ``out[..., i, ...] = x[..., index[..., i, ...], ...]`` along ``dim``.
+
+    ``index`` has ``x``'s rank and its shape on every axis but ``dim``; the result has ``index``'s shape.
+    """
+    return torch.gather(x, dim, index)
+
+
+@take_along.rule
+def _(x: SymTensor, index: SymTensor, dim: int) -> SymTensor:
+    if not (isinstance(index.dtype, DType | DTypeVar) and index.dtype.kind == "Int"):
+        raise ShapeError(f"take_along: the index must be an integer tensor, got {index.show()}")
+    d, di = x.fixed_dims("take_along"), index.fixed_dims("take_along")
+    if len(d) != len(di):
+        raise ShapeError(f"take_along: index {index.show()} and {x.show()} differ in rank")
+    a = axis(x, dim)
+    for i, (s, t) in enumerate(zip(d, di)):
+        if i != a:
+            same(s, t, f"take_along: axis {i} of the index differs", x, index)
+    return _t(x, di)
 
 
 # ------------------------------------------------------------------------------ resampling
@@ -884,13 +1053,20 @@ def _(x: SymTensor, size: tuple[Any, Any] | None = None, scale_factor: Any = Non
     if mode not in ("nearest", "bilinear", "bicubic"):
         raise ShapeError(f"interpolate: mode {mode!r} is not one of nearest, bilinear, bicubic")
     d = x.fixed_dims("interpolate")
+    float_dtype(x, "interpolate")
     if len(d) != 4:
         raise ShapeError(f"interpolate takes [B, C, H, W], got {x.show()}")
     if size is None:
         if not isinstance(scale_factor, int):
             raise ShapeError("interpolate: give an output size (a float scale factor has no exact shape)")
+        if scale_factor < 1:
+            raise ShapeError(f"interpolate: the scale factor {scale_factor} must be at least 1")
         return _t(x, [d[0], d[1], d[2] * scale_factor, d[3] * scale_factor])
     h, w = _pair(size)
+    for s in (h, w):
+        positive(as_poly(s), "interpolate: the output size", x)
+    for s in d[1:]:  # torch refuses an empty input (an empty batch is fine)
+        positive(s, "interpolate: an input axis", x)
     return _t(x, [d[0], d[1], as_poly(h), as_poly(w)])
 
 
@@ -902,9 +1078,13 @@ def max_pool2d(x: torch.Tensor, kernel: int, stride: int | None = None) -> torch
 @max_pool2d.rule
 def _(x: SymTensor, kernel: int, stride: int | None = None) -> SymTensor:
     d = x.fixed_dims("max_pool2d")
+    float_dtype(x, "max_pool2d")
+    for a in d[1:-2]:  # torch refuses empty channels (an empty batch is fine)
+        positive(a, "max_pool2d: the channels", x)
     s = as_poly(stride if stride is not None else kernel)
     k = as_poly(kernel)
-    return _t(x, [*d[:-2], _conv_out(d[-2], k, s, Poly()), _conv_out(d[-1], k, s, Poly())])
+    return _t(x, [*d[:-2], _conv_out(d[-2], k, s, Poly(), "max_pool2d", x),
+                  _conv_out(d[-1], k, s, Poly(), "max_pool2d", x)])
 
 
 # ----------------------------------------------------------------------------------- dtypes
@@ -917,7 +1097,9 @@ def cast(x: torch.Tensor, dtype: DType) -> torch.Tensor:
 
 @cast.rule
 def _(x: SymTensor, dtype: DType | DTypeVar) -> SymTensor:
-    return _t(x, x.dims, dtype)
+    if not isinstance(dtype, DType | DTypeVar):
+        raise ShapeError(f"cast to {dtype!r}: give a kestrel dtype (f32, i32...) or a dtype generic (self.T)")
+    return _t(x, x.dims, dtype)  # exactly the named dtype
 
 
 @op("arange_like")
@@ -928,7 +1110,20 @@ def arange_like(x: torch.Tensor, n: int) -> torch.Tensor:
 
 @arange_like.rule
 def _(x: SymTensor, n: Any) -> SymTensor:
-    return _t(x, [as_poly(n)])
+    numeric_dtype(x, "arange_like")
+    return _t(x, [nonneg(as_poly(n), "arange_like: the length", x)])
+
+
+@op("dim_like")
+def dim_like(x: torch.Tensor, n: int) -> torch.Tensor:
+    """The dimension ``n`` as a 0-d tensor in the dtype and on the device of ``x`` (to scale by a size)."""
+    return torch.tensor(float(n), dtype=x.dtype, device=x.device)
+
+
+@dim_like.rule
+def _(x: SymTensor, n: Any) -> SymTensor:
+    as_poly(n)
+    return _t(x, [])
 
 
 # ------------------------------------------------------------------------- tensor methods

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..shapes.facts import Facts
 from ..shapes.poly import AtomOrder, Poly, format_poly, substitute
-from .dtypes import DType, DTypeVar
+from .dtypes import KINDS, DType, DTypeVar
 from .tensor import DimItem, TensorType, Variadic
 
 
@@ -59,11 +59,14 @@ def match(
     free: set[str],
     facts: Facts | None = None,
     order: AtomOrder | None = None,
+    free_dtypes: frozenset[str] | set[str] = frozenset(),
 ) -> list[Mismatch]:
     """Match ``dims``/``dtype`` against ``pattern``, extending ``binding`` with the free generics.
 
     ``pattern`` must already be in the caller's terms except for the names in ``free`` (the
     function's own dims) and its variadic runs. Returns the mismatches; empty means it matched.
+    Dtype generics bind only when named in ``free_dtypes``; any other dtype generic in the pattern
+    is a fixed unknown of the scope and matches only itself.
     """
     facts = facts or Facts()
     out: list[Mismatch] = []
@@ -90,7 +93,11 @@ def match(
         if name in binding.shapes and binding.shapes[name] != run:
             bound = ", ".join(_fmt(d, order) for d in binding.shapes[name])
             got = ", ".join(_fmt(d, order) for d in run)
-            out.append(Mismatch(None, bound, got, f"*{name} is [{bound}] from an earlier argument, here [{got}]"))
+            if binding.shapes[name] == (Variadic(name),):
+                why = f"*{name} must be the arguments' own *{name}, here [{got}]"
+            else:
+                why = f"*{name} is [{bound}] from an earlier argument, here [{got}]"
+            out.append(Mismatch(None, bound, got, why))
         binding.shapes.setdefault(name, run)
         pairs = [(i, p, act[i]) for i, p in enumerate(pre)]
         pairs += [(len(act) - len(post) + j, p, act[len(act) - len(post) + j]) for j, p in enumerate(post)]
@@ -121,11 +128,28 @@ def match(
     want_dtype = pattern.dtype
     if isinstance(want_dtype, DTypeVar) and want_dtype.name in binding.dtypes:
         want_dtype = binding.dtypes[want_dtype.name]
-    if isinstance(want_dtype, DTypeVar) and isinstance(dtype, DType) and want_dtype.name not in binding.dtypes:
-        binding.dtypes[want_dtype.name] = dtype
+    if isinstance(want_dtype, DTypeVar) and want_dtype.name in free_dtypes:
+        # a free dtype generic binds once, to a dtype its kind admits
+        if isinstance(dtype, DType) and not KINDS[want_dtype.kind].admits(dtype):
+            out.append(Mismatch(None, str(want_dtype), str(dtype),
+                                f"dtype {dtype} is not a {want_dtype.kind} ({want_dtype.name}: {want_dtype.kind})"))
+        elif isinstance(dtype, DTypeVar) and not _kind_within(dtype.kind, want_dtype.kind):
+            out.append(Mismatch(None, str(want_dtype), str(dtype),
+                                f"dtype {dtype}: {dtype.kind} is not always a {want_dtype.kind}"))
+        else:
+            binding.dtypes[want_dtype.name] = dtype
     elif want_dtype != dtype:
-        out.append(Mismatch(None, str(want_dtype), str(dtype), f"dtype {dtype}, declared {want_dtype}"))
+        # a dtype generic of the scope (``T``) is one unknown dtype: it equals only itself, never a
+        # concrete dtype (``f32`` is not ``T`` when T may be bf16)
+        why = f"dtype {dtype}, declared {want_dtype}"
+        if isinstance(want_dtype, DTypeVar) or isinstance(dtype, DTypeVar):
+            why += " (a dtype generic equals only itself; cast explicitly)"
+        out.append(Mismatch(None, str(want_dtype), str(dtype), why))
     return out
+
+
+def _kind_within(inner: str, outer: str) -> bool:
+    return set(KINDS[inner].members) <= set(KINDS[outer].members)
 
 
 def _origin(p: Poly, want: Poly, binding: Binding, order: AtomOrder | None) -> str:

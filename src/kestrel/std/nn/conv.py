@@ -11,7 +11,7 @@ class Conv1d(Block, module="std.nn.conv"):
     Stride: Dim
     Pad: Dim
     T: Float = f32
-    where = "Stride > 0, K > 0"
+    where = "Stride > 0, K > 0, Cin > 0, Cout > 0, L + 2 * Pad >= K"
 
     weight: Param["Cout, Cin, K; T"]
     bias: Param["Cout; T", optional]
@@ -27,7 +27,7 @@ class Conv2d(Block, module="std.nn.conv"):
     Stride: Dim
     Pad: Dim
     T: Float = f32
-    where = "Stride > 0, K > 0"
+    where = "Stride > 0, K > 0, Cin > 0, Cout > 0, H + 2 * Pad >= K, W + 2 * Pad >= K"
 
     weight: Param["Cout, Cin, K, K; T"]
     bias: Param["Cout; T", optional]
@@ -48,7 +48,7 @@ class Conv2dRect(Block, module="std.nn.conv"):
     PadH: Dim
     PadW: Dim
     T: Float = f32
-    where = "StrideH > 0, StrideW > 0, KH > 0, KW > 0"
+    where = "StrideH > 0, StrideW > 0, KH > 0, KW > 0, Cin > 0, Cout > 0, H + 2 * PadH >= KH, W + 2 * PadW >= KW"
 
     weight: Param["Cout, Cin, KH, KW; T"]
     bias: Param["Cout; T", optional]
