@@ -26,6 +26,7 @@ EPILOG = """examples:
   kestrel embed photos/ --model dinov2-base --out feats.safetensors
   kestrel zero-shot cat.jpg --labels "a cat" "a dog"
   kestrel export vit-base-patch16-224 --target onnx --out out/
+  kestrel embed photos/ --model dinov2-base --out feats/ --engine ray   a dataset, Parquet shards on Ray
   kestrel site --serve                           the registry site at http://127.0.0.1:8000/
   kestrel export sam2.1-hiera-tiny --target executorch-webgpu --size 512 --out out/
   kestrel segment photo.jpg --point 500,375      SAM mask PNG + overlay (--everything: every object)

@@ -19,6 +19,7 @@ EPILOG = """examples:
   kestrel segment photo.jpg --point 500,375 --embeddings photo.emb.safetensors   encode once, reuse
   kestrel segment photo.jpg --everything --out everything/  every object: PNGs and COCO RLE JSON
   kestrel segment photo.jpg --point 300,200 --model sam2.1-hiera-tiny --size 512   SAM 2.1 at 512 px
+  kestrel segment photos/ --everything --out masks/ --engine ray   a dataset: Parquet shards, COCO RLE per image
 
 Points and boxes are in pixels of the photo. Labels: 1 foreground (default), 0 background,
 -1 not a point, -10 ignored. Writes mask_K.png (white = object), lowres_K.npy (the 256 x 256 logits,
@@ -110,6 +111,10 @@ def cmd_segment(args: argparse.Namespace) -> int:
     from ..pipelines.segment import image_digest, load_embedding, save_embedding, segmenter_for
     from .tasks import _load
 
+    if args.everything and _dataset_mode(args):
+        return _everything_dataset(args)
+    if args.engine or args.address or args.workers:
+        raise PromptError("--engine, --address and --workers are for --everything over a dataset")
     out = Path(args.out)
     _check_out(out)
     if not args.everything and not args.point and not args.box:
@@ -209,12 +214,34 @@ def _everything(args: argparse.Namespace, seg: Any, photo: Any, out: Path) -> in
     return 0
 
 
+def _dataset_mode(args: argparse.Namespace) -> bool:
+    """--everything over a dataset: SOURCE is a folder, a list file or a table, or --engine is given."""
+    from ..pipelines.datasets import IMAGE_SUFFIXES
+
+    return bool(args.engine) or Path(args.image).suffix.lower() not in IMAGE_SUFFIXES
+
+
+def _everything_dataset(args: argparse.Namespace) -> int:
+    """Every object of every image of a dataset: Parquet shards, one row per image with COCO RLE masks."""
+    from ..pipelines.sam_processing import PromptError
+    from .datasets import run_dataset
+
+    if args.point or args.box or args.mask_input or args.embeddings:
+        raise PromptError("--everything over a dataset takes no --point, --box, --mask-input or --embeddings")
+    options = (("points_per_side", args.points_per_side), ("points_per_batch", args.points_per_batch),
+               ("pred_iou_thresh", args.pred_iou_thresh), ("stability_score_thresh", args.stability_score_thresh),
+               ("crops_n_layers", args.crops_n_layers), ("crops_nms_thresh", args.nms_thresh))
+    args.batch_size = 1
+    return run_dataset(args, "segment-everything", [args.image], options=options)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("segment", help="masks from points and boxes, or every object (SAM)",
                        description="Segment the object at a click or in a box, or every object in the image. "
                                    "Writes one PNG per mask, an overlay and a JSON summary; prints the predicted IoU.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("image", metavar="IMAGE", help="the photo")
+    p.add_argument("image", metavar="IMAGE", help="the photo; with --everything also a dataset SOURCE (a folder, "
+                   "list file or .parquet/.csv table): Parquet shards with COCO RLE masks per image in --out DIR")
     p.add_argument("--point", action="append", metavar="X,Y[:LABEL]",
                    help="a click in pixels of the photo, label 1 (default) foreground or 0 background; repeatable")
     p.add_argument("--box", action="append", metavar="X0,Y0,X1,Y1",
@@ -247,4 +274,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="SAM 2: run at PX x PX (1024 upstream, 512 the edge recipe; a multiple of 32)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--dtype", default="f32", choices=["f32", "bf16", "f16"], help="compute dtype (default f32)")
+    from .datasets import add_dataset_args
+
+    add_dataset_args(p)
     p.set_defaults(run=cmd_segment)

@@ -11,6 +11,7 @@ from pathlib import Path
 from ..errors import UsageError
 from ..models.cards import CardError
 from . import args as types
+from .datasets import DATASET_HELP, add_dataset_args
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -151,7 +152,14 @@ def cmd_embed(args: argparse.Namespace) -> int:
     from ..pipelines.zero_shot import encode_texts
     from ..runtime.checkpoint import save_tensors
     from ..runtime.output import prepare_output
+    from .datasets import is_dataset_out, run_dataset
 
+    if is_dataset_out(args.out):
+        if args.text:
+            raise UsageError("--text writes one .safetensors file: give --out FILE.safetensors")
+        if args.size:
+            _check_size(args)
+        return run_dataset(args, "embed", args.inputs, pool=args.pool, size=args.size)
     if args.text and args.inputs:
         raise UsageError("give image paths or --text, not both")
     if not args.text and not args.inputs:
@@ -206,6 +214,10 @@ def cmd_zero_shot(args: argparse.Namespace) -> int:
     empty = [k for k, label in enumerate(args.labels) if not label.strip()]
     if empty:
         raise UsageError(f"--labels: label {empty[0] + 1} is empty")
+    from .datasets import is_dataset_out, run_dataset
+
+    if is_dataset_out(args.out):
+        return run_dataset(args, "zero-shot", args.images, labels=tuple(args.labels), template=args.template)
     try:
         images = _images(args.images)
     except UsageError as e:
@@ -272,33 +284,50 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     _common(p, "vit-base-patch16-224")
     p.set_defaults(run=cmd_classify)
 
-    p = sub.add_parser("embed", help="write image features to a safetensors file",
+    p = sub.add_parser("embed", help="image features to a safetensors file, or a dataset to Parquet shards",
                        description="Features of every image (class token, mean of patch tokens, or all patch "
-                                   "tokens), saved with the image paths in the file's metadata. Unreadable images "
-                                   "are skipped, listed on stderr and in the metadata ('skipped'); see --strict. "
-                                   "The output is checked before any work and replaced atomically.",
-                       epilog="example: kestrel embed photos/ --model dinov2-base --out feats.safetensors")
-    p.add_argument("inputs", nargs="*", metavar="PATH", help="image files or folders")
+                                   "tokens). With --out FILE.safetensors: one tensor, saved with the image paths in "
+                                   "the file's metadata; unreadable images are skipped, listed on stderr and in the "
+                                   "metadata ('skipped'); see --strict; the output is checked before any work and "
+                                   "replaced atomically. With --out DIR: dataset mode (below).",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=DATASET_HELP + "\nexamples:\n"
+                              "  kestrel embed photos/ --model dinov2-base --out feats.safetensors\n"
+                              "  kestrel embed photos/ --model dinov2-base --out feats/ --engine ray --workers 2\n"
+                              "  kestrel embed index.parquet --model dinov2-base --out feats/ --engine ray "
+                              "--address auto")
+    p.add_argument("inputs", nargs="*", metavar="SOURCE",
+                   help="image files or folders; in dataset mode also list files and .parquet/.csv tables")
     p.add_argument("--text", nargs="+", metavar="TEXT", help="embed these texts instead (SigLIP)")
     p.add_argument("--template", type=types.template, help="format each text with this template, e.g. 'a photo of {}.'")
-    p.add_argument("--out", required=True, metavar="FILE", help="output .safetensors file (parent folders are created)")
+    p.add_argument("--out", required=True, metavar="FILE|DIR", help="FILE.safetensors: one features tensor (parent "
+                   "folders are created); DIR: Parquet shards (dataset mode)")
     p.add_argument("--pool", default="cls", choices=["cls", "mean", "patch"], help="which features (default cls)")
     p.add_argument("--size", type=types.positive_int, metavar="PIXELS",
                    help="run at this square image size (DINOv2: a multiple of the patch size)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _strict(p)
     _common(p, None)
+    add_dataset_args(p)
     p.set_defaults(run=cmd_embed)
 
     p = sub.add_parser("zero-shot", help="score free-text labels against images (SigLIP)",
                        description="Sigmoid probability that each label describes each image. SigLIP scores pairs "
-                                   "independently, so an image's probabilities need not sum to one.",
-                       epilog='example: kestrel zero-shot cat.jpg dog.png --labels "a cat" "a dog" '
-                              '--template "a photo of {}."')
-    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders")
+                                   "independently, so an image's probabilities need not sum to one. With --out DIR: "
+                                   "dataset mode (below), a scores column in label order and the best label.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=DATASET_HELP + '\nexamples:\n'
+                              '  kestrel zero-shot cat.jpg dog.png --labels "a cat" "a dog" '
+                              '--template "a photo of {}."\n'
+                              '  kestrel zero-shot photos/ --labels cat dog --out scores/ --engine ray')
+    p.add_argument("images", nargs="+", metavar="IMAGE",
+                   help="image files or folders (dataset mode: also list files and .parquet/.csv tables)")
     p.add_argument("--labels", nargs="+", metavar="LABEL", help="the candidate labels (required)")
     p.add_argument("--template", type=types.template, help="format each label with this template (must contain {})")
+    p.add_argument("--out", metavar="DIR", help="dataset mode: write Parquet shards to DIR")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (dataset mode)")
     _common(p, "siglip-base-patch16-224", batch=False)
+    add_dataset_args(p, batch=True)
     p.set_defaults(run=cmd_zero_shot)
 
     p = sub.add_parser("similarity", help="a table of image x text scores (SigLIP)",
