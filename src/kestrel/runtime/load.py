@@ -106,6 +106,11 @@ def _bind(family: Family, config: dict, dtype: Any, overrides: dict[str, Any], d
     if bad:
         allowed = ", ".join(family.resizable) or "none"
         raise CardError(f"{family.name} cannot rebind {', '.join(bad)} at load (rebindable: {allowed})")
+    if overrides and family.rebind is not None:
+        try:
+            bound = family.rebind(config, overrides)
+        except (KeyError, TypeError, ValueError) as e:
+            raise CardError(f"{family.name} at {overrides}: {e}") from None
     bound.update(overrides)
     bound["T"] = dtype_named(dtype) if isinstance(dtype, str) else dtype
     return bound

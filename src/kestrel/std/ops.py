@@ -28,7 +28,7 @@ from ..checker.symbolic import (
     require_positive,
 )
 from ..shapes.poly import ONE, Poly, floordiv
-from ..types.dtypes import DType, DTypeVar, bool_, f32
+from ..types.dtypes import DType, DTypeVar, bool_, f32, i64
 from ..types.tensor import TensorType, Variadic
 
 # ------------------------------------------------------------------------------------ helpers
@@ -867,6 +867,66 @@ mean = _reduce("mean", torch.mean)
 amax = _reduce("amax", torch.amax)
 
 
+# ------------------------------------------------------------------------ comparisons, selection
+
+
+abs_ = _unary("abs", torch.abs)
+
+
+def _compare(name: str, torch_fn: Any) -> Any:
+    @op(name)
+    def kernel(x: torch.Tensor, value: int | float) -> torch.Tensor:
+        return torch_fn(x, value)
+
+    @kernel.rule
+    def _(x: SymTensor, value: int | float) -> SymTensor:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ShapeError(f"{name} compares with a Python number, got {type(value).__name__}")
+        return _t(x, x.dims, bool_)
+
+    return kernel
+
+
+gt = _compare("gt", torch.gt)  # ``x > value``, a bool tensor of x's shape
+ge = _compare("ge", torch.ge)  # ``x >= value``
+
+
+@op("argmax")
+def argmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """The index of the first largest value along ``dim`` (which is dropped), as i64."""
+    return torch.argmax(x, dim=dim)
+
+
+@argmax.rule
+def _(x: SymTensor, dim: int = -1) -> SymTensor:
+    d = x.fixed_dims("argmax")
+    a = axis(x, dim)
+    return _t(x, [s for i, s in enumerate(d) if i != a], i64)
+
+
+@op("take_along")
+def take_along(x: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tensor:
+    """``torch.gather``: ``out[..., i, ...] = x[..., index[..., i, ...], ...]`` along ``dim``.
+
+    ``index`` has ``x``'s rank and its shape on every axis but ``dim``; the result has ``index``'s shape.
+    """
+    return torch.gather(x, dim, index)
+
+
+@take_along.rule
+def _(x: SymTensor, index: SymTensor, dim: int) -> SymTensor:
+    if not (isinstance(index.dtype, DType | DTypeVar) and index.dtype.kind == "Int"):
+        raise ShapeError(f"take_along: the index must be an integer tensor, got {index.show()}")
+    d, di = x.fixed_dims("take_along"), index.fixed_dims("take_along")
+    if len(d) != len(di):
+        raise ShapeError(f"take_along: index {index.show()} and {x.show()} differ in rank")
+    a = axis(x, dim)
+    for i, (s, t) in enumerate(zip(d, di)):
+        if i != a:
+            same(s, t, f"take_along: axis {i} of the index differs", x, index)
+    return _t(x, di)
+
+
 # ------------------------------------------------------------------------------ resampling
 
 
@@ -929,6 +989,18 @@ def arange_like(x: torch.Tensor, n: int) -> torch.Tensor:
 @arange_like.rule
 def _(x: SymTensor, n: Any) -> SymTensor:
     return _t(x, [as_poly(n)])
+
+
+@op("dim_like")
+def dim_like(x: torch.Tensor, n: int) -> torch.Tensor:
+    """The dimension ``n`` as a 0-d tensor in the dtype and on the device of ``x`` (to scale by a size)."""
+    return torch.tensor(float(n), dtype=x.dtype, device=x.device)
+
+
+@dim_like.rule
+def _(x: SymTensor, n: Any) -> SymTensor:
+    as_poly(n)
+    return _t(x, [])
 
 
 # ------------------------------------------------------------------------- tensor methods

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import dinov2, sam, siglip, vit
+from . import dinov2, sam, sam2, siglip, vit
 from .base import Bindings, Card, CardError, Family, pair
 
-FAMILIES: list[Family] = [vit.FAMILY, dinov2.FAMILY, siglip.FAMILY, sam.FAMILY]
-CARDS: dict[str, Card] = {c.name: c for mod in (vit, dinov2, siglip, sam) for c in mod.CARDS}
+FAMILIES: list[Family] = [vit.FAMILY, dinov2.FAMILY, siglip.FAMILY, sam.FAMILY, sam2.FAMILY]
+CARDS: dict[str, Card] = {c.name: c for mod in (vit, dinov2, siglip, sam, sam2) for c in mod.CARDS}
 
 
 def family_for_config(config: dict, where: Path) -> Family:

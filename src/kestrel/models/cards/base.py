@@ -67,6 +67,9 @@ class Family:
     )
     # which generics a caller may rebind (e.g. Height/Width for DINOv2) and how
     resizable: tuple[str, ...] = ()
+    # the generics bound from the config with a caller's rebinding, where others follow from it
+    # (SAM 2's window paddings follow the image size); None: the rebinding replaces the generic alone
+    rebind: Callable[[dict, dict[str, Any]], dict[str, Any]] | None = None
     # the checkpoint's preprocessor_config.json, used when a directory has none
     preprocess: dict[str, Any] = field(default_factory=dict)
     files: tuple[str, ...] = ("config.json", "model.safetensors", "model.safetensors.index.json",

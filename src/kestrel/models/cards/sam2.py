@@ -1,0 +1,262 @@
+"""SAM 2.1 (``Sam2Model`` checkpoints): Hiera tiny, small, base-plus and large, at any image size.
+
+The program's shape is Hiera's: four stages, query pooling into stages 1-3, three global layers in
+stage 2. Everything else comes from the config as data: widths, heads, windows, depths, where the
+global layers sit, the background position table. The image size is the generic ``E`` (the image
+embedding's side, image / 16): the config's ``image_size`` by default, rebindable at load
+(``kestrel.load(dir, E=32)`` for the seed's 512 px edge size); the window paddings follow from it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import sam2
+from .base import Bindings, Card, Family, pair
+
+_B = r"vision_encoder\.backbone\."
+_TLAYER = r"mask_decoder\.transformer\.layers\.(\d+)\."
+_ATTN = r"(?:self_attn|cross_attn_token_to_image|cross_attn_image_to_token|final_attn_token_to_image)"
+_HEAD = r"(output_hypernetworks_mlps\.\d+|iou_prediction_head|pred_obj_score_head)"
+
+_FIXED_BACKBONE = {
+    "patch_kernel_size": [7, 7], "patch_stride": [4, 4], "patch_padding": [3, 3], "query_stride": [2, 2],
+    "num_query_pool_stages": 3, "mlp_ratio": 4.0, "hidden_act": "gelu", "num_channels": 3,
+}
+_FIXED_VISION = {"fpn_kernel_size": 1, "fpn_stride": 1, "fpn_padding": 0, "fpn_top_down_levels": [2, 3],
+                 "num_feature_levels": 3}
+_FIXED_DECODER = {"num_hidden_layers": 2, "attention_downsample_rate": 2, "num_multimask_outputs": 3,
+                  "iou_head_depth": 3}
+_DEFAULT_BACKBONE = {  # Sam2HieraDetConfig's defaults (Hiera-tiny), for configs that leave them out
+    "blocks_per_stage": [1, 2, 7, 2], "embed_dim_per_stage": [96, 192, 384, 768],
+    "num_attention_heads_per_stage": [1, 2, 4, 8], "window_size_per_stage": [8, 4, 14, 7],
+    "global_attention_blocks": [5, 7, 9], "window_positional_embedding_background_size": [7, 7],
+    "image_size": [1024, 1024],
+}
+
+
+def _norm(v: Any) -> Any:
+    return list(v) if isinstance(v, list | tuple) else v
+
+
+def _check(section: str, cfg: dict, fixed: dict[str, Any]) -> None:
+    for key, want in fixed.items():
+        got = cfg.get(key, want)
+        if _norm(got) != _norm(want):
+            raise ValueError(f"SAM 2 with {section}.{key}={got!r} is not supported (the program fixes {want!r})")
+
+
+def _backbone(cfg: dict) -> dict[str, Any]:
+    vision = cfg.get("vision_config") or {}
+    bb = dict(_DEFAULT_BACKBONE)
+    bb.update({k: v for k, v in (vision.get("backbone_config") or {}).items() if v is not None})
+    return bb
+
+
+def _pad(side: int, win: int) -> int:
+    """How far a ``side`` map is padded to a whole number of ``win`` windows."""
+    return (-side) % win
+
+
+def _layout(bb: dict) -> dict[str, Any]:
+    """Where each upstream block sits: stage, and within stage 2 the runs between global layers."""
+    depths = [int(d) for d in bb["blocks_per_stage"]]
+    if len(depths) != 4 or min(depths) < 1:
+        raise ValueError(f"SAM 2 needs four Hiera stages of at least one block, blocks_per_stage={depths}")
+    starts = [sum(depths[:i]) for i in range(4)]
+    glob = sorted(int(g) for g in bb["global_attention_blocks"])
+    lo, hi = starts[2] + 1, starts[2] + depths[2] - 1
+    if len(glob) != 3 or not all(lo <= g <= hi for g in glob):
+        raise ValueError(f"SAM 2 needs three global blocks inside stage 2 after its first block (blocks {lo}..{hi}); "
+                         f"global_attention_blocks={glob}")
+    marks = [starts[2], *glob, starts[2] + depths[2]]
+    runs = [marks[k + 1] - marks[k] - 1 for k in range(3)] + [marks[4] - marks[3] - 1]
+    return {"depths": depths, "starts": starts, "globals": glob, "runs": runs}
+
+
+def generics(cfg: dict, E: int | None = None) -> dict[str, Any]:
+    vision = cfg.get("vision_config") or {}
+    decoder = cfg.get("mask_decoder_config") or {}
+    prompt = cfg.get("prompt_encoder_config") or {}
+    bb = _backbone(cfg)
+    _check("vision_config.backbone_config", bb, _FIXED_BACKBONE)
+    _check("vision_config", vision, _FIXED_VISION)
+    _check("mask_decoder_config", decoder, _FIXED_DECODER)
+    lay = _layout(bb)
+    dims = [int(d) for d in bb["embed_dim_per_stage"]]
+    heads = [int(h) for h in bb["num_attention_heads_per_stage"]]
+    wins = [int(w) for w in bb["window_size_per_stage"]]
+    if int(bb.get("hidden_size", dims[0])) != dims[0]:
+        raise ValueError(f"SAM 2 with backbone hidden_size {bb.get('hidden_size')} != embed_dim_per_stage[0] {dims[0]}")
+    channels = _norm(vision.get("backbone_channel_list") or list(reversed(dims)))
+    if channels != list(reversed(dims)):
+        raise ValueError(f"SAM 2 with backbone_channel_list={channels} is not supported: the neck takes the stage "
+                         f"widths {list(reversed(dims))}")
+    if any(dims[i] == dims[i - 1] for i in (1, 2, 3)):
+        raise ValueError(f"SAM 2 needs each stage wider than the one before, embed_dim_per_stage={dims}")
+    if E is None:
+        h, w = pair(bb["image_size"])
+        p = pair(prompt.get("image_size", h))
+        if h != w or p != (h, w):
+            raise ValueError(f"SAM 2 needs a square image and the prompt encoder at the same size: backbone "
+                             f"image_size={bb['image_size']!r}, prompt_encoder_config.image_size={p!r}")
+        if h % 32:
+            raise ValueError(f"SAM 2 needs an image size divisible by 32, the config says {h}")
+        E = h // 16
+    elif E <= 0 or E % 2:
+        raise ValueError(f"SAM 2's embedding side E must be even and positive (image = 16 E), got {E}")
+    bg = pair(bb["window_positional_embedding_background_size"])
+    if bg[0] != bg[1]:
+        raise ValueError(f"SAM 2 with a non-square background position table {bg} is not supported")
+    sides = [4 * E, 2 * E, E, E // 2]
+    if sides[0] % wins[0]:
+        raise ValueError(f"SAM 2 at {16 * E} px: the stage-0 map ({sides[0]}) is not a whole number of "
+                         f"{wins[0]}-windows, so the window position table cannot tile it")
+    if any(w % 2 for w in wins[:3]):
+        raise ValueError(f"SAM 2 needs even windows in stages 0-2 (query pooling halves them), got {wins}")
+    hd = int(vision.get("fpn_hidden_size", 256))
+    for key, width in {"mask_decoder_config.hidden_size": decoder.get("hidden_size", 256),
+                       "prompt_encoder_config.hidden_size": prompt.get("hidden_size", 256)}.items():
+        if width != hd:
+            raise ValueError(f"SAM 2 with {key} = {width} is not supported: the program ties it to "
+                             f"vision_config.fpn_hidden_size = {hd}")
+    if decoder.get("iou_head_hidden_dim", 256) != hd:
+        raise ValueError(f"SAM 2 with mask_decoder_config.iou_head_hidden_dim = {decoder.get('iou_head_hidden_dim')}"
+                         f" is not supported: the program ties it to fpn_hidden_size = {hd}")
+    out: dict[str, Any] = {"E": E, "Bg": bg[0]}
+    out.update({f"D{i}": dims[i] for i in range(4)})
+    out.update({f"Heads{i}": heads[i] for i in range(4)})
+    out.update({f"Win{i}": wins[i] for i in range(4)})
+    out.update({f"Pad{i}": _pad(sides[i], wins[i]) for i in range(4)})
+    depths, runs = lay["depths"], lay["runs"]
+    out.update({"L0": depths[0], "L1": depths[1] - 1, "L3": depths[3] - 1})
+    out.update({f"R{k}": runs[k] for k in range(4)})
+    out.update({"Hd": hd, "MaskHeads": decoder.get("num_attention_heads", 8),
+                "MaskInner": decoder.get("mlp_dim", 2048)})
+    return out
+
+
+def _block_paths(cfg: dict) -> list[str]:
+    """The program path of every upstream Hiera block, in upstream order."""
+    lay = _layout(_backbone(cfg))
+    d = lay["depths"]
+    paths = [f"backbone.stage_0.{j}" for j in range(d[0])]
+    for s in (1, 3):
+        if s == 3:
+            paths += _stage2(lay)
+        paths += [f"backbone.stage_{s}.pool"] + [f"backbone.stage_{s}.layers.{j}" for j in range(d[s] - 1)]
+    return paths
+
+
+def _stage2(lay: dict) -> list[str]:
+    out = ["backbone.stage_2.pool"]
+    for k, n in enumerate(lay["runs"]):
+        out += [f"backbone.stage_2.run_{k}.{j}" for j in range(n)]
+        if k < 3:
+            out.append(f"backbone.stage_2.global_{k}")
+    return out
+
+
+def bindings(cfg: dict) -> Bindings:
+    blocks = tuple((_B + rf"blocks\.{i}\.(.+)", path + r".\1") for i, path in enumerate(_block_paths(cfg)))
+    lateral = tuple((rf"vision_encoder\.neck\.convs\.{k}\.(weight|bias)", f"neck.lateral_{3 - k}." + r"\1")
+                    for k in range(4))
+    return Bindings(
+        rows=blocks + lateral + (
+            (_B + r"patch_embed\.projection\.(weight|bias)", r"backbone.patch_embed.\1"),
+            (_B + r"(pos_embed|pos_embed_window)", r"backbone.\1"),
+            (r"no_memory_embedding", "no_memory_embedding"),
+            (r"shared_image_embedding\.positional_embedding", "positional_embedding"),
+            (r"prompt_encoder\.shared_embedding\.positional_embedding", "prompt_positional_embedding"),
+            (r"prompt_encoder\.(point_embed|not_a_point_embed|no_mask_embed)\.weight", r"\1"),
+            (r"mask_decoder\.(obj_score_token|iou_token|mask_tokens)\.weight", r"mask_decoder.\1"),
+            (_TLAYER + r"(" + _ATTN + r"\.(?:q_proj|k_proj|v_proj|o_proj)\.(?:weight|bias))",
+             r"mask_decoder.transformer.layer_\1.\2"),
+            (_TLAYER + r"((?:layer_norm[1-4]|mlp\.proj_in|mlp\.proj_out)\.(?:weight|bias))",
+             r"mask_decoder.transformer.layer_\1.\2"),
+            (r"mask_decoder\.transformer\.(final_attn_token_to_image\.(?:q_proj|k_proj|v_proj|o_proj)"
+             r"\.(?:weight|bias))", r"mask_decoder.transformer.\1"),
+            (r"mask_decoder\.transformer\.layer_norm_final_attn\.(weight|bias)",
+             r"mask_decoder.transformer.layer_norm_final_attn.\1"),
+            (r"mask_decoder\.(upscale_conv[12]|upscale_layer_norm|conv_s0|conv_s1)\.(weight|bias)",
+             r"mask_decoder.\1.\2"),
+            (r"mask_decoder\." + _HEAD + r"\.(proj_in|proj_out)\.(weight|bias)", r"mask_decoder.\1.\2.\3"),
+            (r"mask_decoder\." + _HEAD + r"\.layers\.0\.(weight|bias)", r"mask_decoder.\1.hidden.\2"),
+        ),
+        # the mask-prompt encoder serves mask prompts, which no entry takes; the rest is the video
+        # model's memory (a Sam2VideoModel checkpoint holds it), which the image path never reads
+        unused=(r"prompt_encoder\.mask_embed\..*", r"memory_.*", r"mask_downsample\..*", r"object_pointer_proj\..*",
+                r"temporal_positional_encoding_projection_layer\..*", r"no_memory_positional_encoding",
+                r"no_object_pointer", r"occlusion_spatial_embedding_parameter"),
+    )
+
+
+def settings(cfg: dict) -> dict[str, Any]:
+    bb = _backbone(cfg)
+    decoder = cfg.get("mask_decoder_config") or {}
+    return {"eps": bb.get("layer_norm_eps", 1e-6),
+            "stability_delta": decoder.get("dynamic_multimask_stability_delta", 0.05),
+            "stability_thresh": decoder.get("dynamic_multimask_stability_thresh", 0.98)}
+
+
+PREPROCESS = {
+    "image_processor_type": "Sam2ImageProcessorFast", "do_resize": True, "size": {"height": 1024, "width": 1024},
+    "resample": 2, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+    "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "do_convert_rgb": True,
+}
+
+FAMILY = Family(
+    name="sam2",
+    model_types=("sam2",),
+    root=lambda cfg: sam2.Model,
+    generics=generics,
+    bindings=bindings,
+    settings=settings,
+    resizable=("E",),
+    rebind=lambda cfg, given: generics(cfg, **given),
+    preprocess=PREPROCESS,
+    description="SAM 2.1 image path: Hiera encoder with FPN neck, point and box prompts, mask decoder",
+)
+
+_TINY = {
+    "model_type": "sam2",
+    "vision_config": {
+        "model_type": "sam2_vision_model",
+        "backbone_config": {
+            "model_type": "sam2_hiera_det_model", "hidden_size": 96, "embed_dim_per_stage": [96, 192, 384, 768],
+            "num_attention_heads_per_stage": [1, 2, 4, 8], "blocks_per_stage": [1, 2, 7, 2],
+            "window_size_per_stage": [8, 4, 14, 7], "global_attention_blocks": [5, 7, 9],
+            "window_positional_embedding_background_size": [7, 7], "image_size": [1024, 1024],
+            "patch_kernel_size": [7, 7], "patch_stride": [4, 4], "patch_padding": [3, 3], "query_stride": [2, 2],
+            "num_query_pool_stages": 3, "mlp_ratio": 4.0, "hidden_act": "gelu", "layer_norm_eps": 1e-6,
+        },
+        "backbone_channel_list": [768, 384, 192, 96], "backbone_feature_sizes": [[256, 256], [128, 128], [64, 64]],
+        "fpn_hidden_size": 256, "fpn_kernel_size": 1, "fpn_stride": 1, "fpn_padding": 0,
+        "fpn_top_down_levels": [2, 3], "num_feature_levels": 3,
+    },
+    "prompt_encoder_config": {"hidden_size": 256, "image_size": 1024, "patch_size": 16, "mask_input_channels": 16,
+                              "num_point_embeddings": 4, "scale": 1},
+    "mask_decoder_config": {
+        "hidden_size": 256, "mlp_dim": 2048, "num_hidden_layers": 2, "num_attention_heads": 8,
+        "attention_downsample_rate": 2, "num_multimask_outputs": 3, "iou_head_depth": 3, "iou_head_hidden_dim": 256,
+        "dynamic_multimask_via_stability": True, "dynamic_multimask_stability_delta": 0.05,
+        "dynamic_multimask_stability_thresh": 0.98,
+    },
+}
+
+# The other sizes of the family, as their backbone configs differ from tiny's (the published
+# checkpoints' values). No card pins their hub revisions yet: load them from a directory.
+FAMILY_BACKBONES = {
+    "small": {"blocks_per_stage": [1, 2, 11, 2], "global_attention_blocks": [7, 10, 13]},
+    "base-plus": {"hidden_size": 112, "embed_dim_per_stage": [112, 224, 448, 896],
+                  "num_attention_heads_per_stage": [2, 4, 8, 16], "blocks_per_stage": [2, 3, 16, 3],
+                  "global_attention_blocks": [12, 16, 20], "window_positional_embedding_background_size": [14, 14]},
+    "large": {"hidden_size": 144, "embed_dim_per_stage": [144, 288, 576, 1152],
+              "num_attention_heads_per_stage": [2, 4, 8, 16], "blocks_per_stage": [2, 6, 36, 4],
+              "global_attention_blocks": [23, 33, 43], "window_size_per_stage": [8, 4, 16, 8]},
+}
+
+CARDS = [
+    Card("sam2.1-hiera-tiny", FAMILY, "facebook/sam2.1-hiera-tiny", "de431c4043854a71d8101e17995dfe596bf101a5",
+         "SAM 2.1 Hiera-tiny", config=_TINY),
+]

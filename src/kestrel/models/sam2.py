@@ -1,0 +1,736 @@
+"""SAM 2.1 (Ravi et al., 2024), the image path of ``Sam2Model``: Hiera, an FPN neck, prompts, masks.
+
+The image encoder is Hiera: a 7 x 7 stride-4 patch embedding, then four stages at 1/4, 1/8, 1/16
+and 1/32 of the image, each a run of pre-norm layers that attend inside square windows (the map
+zero-padded up to a whole number of windows). The first layer of stages 1-3 halves the map by
+max-pooling its queries inside each window and widens the channels; stage 2 holds three global
+layers, written here as windowed layers whose window is the whole map. The position embedding is a
+small background table resized bicubically to the stage-0 map plus a window-sized table tiled over
+it. The FPN neck takes 1 x 1 convolutions of the four stage outputs down to ``Hd`` channels and
+adds the upsampled 1/32 map to the 1/16 one: the 1/16 map plus the learnt no-memory embedding is the
+image embedding; the 1/4 and 1/8 maps are the high-resolution features the mask decoder adds to its
+upscaling path (through ``conv_s0`` and ``conv_s1``).
+
+Sizes are generics: ``E`` is the image-embedding side (64 at 1024 px, 32 at 512 px; the image is
+``16 * E``), ``Win*`` the stages' windows, ``Pad*`` how far each stage's map is padded to whole
+windows, ``L*`` and ``R*`` the layer counts (stage 2 is the pooling layer, then runs of ``R0`` ..
+``R3`` windowed layers with a global layer after each of the first three runs).
+"""
+
+import math
+
+from ..blocks import Array, Block, Dim, Float, Param, entry, f32
+from ..std import ops
+from ..std.nn import Conv2d, Linear
+
+MASK_TOKENS = 4  # one single-mask token, then three multimask tokens
+NOT_A_POINT_BIAS = -1e9  # the key bias of a padding token in decode_tokens
+
+
+class LayerNorm(Block):
+    """Hiera's layer norm (the config's ``layer_norm_eps``)."""
+
+    D: Dim
+    T: Float
+    eps: float = 1e-6
+
+    weight: Param["D; T"]
+    bias: Param["D; T"]
+
+    def forward(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
+        return ops.layer_norm(x, self.weight, self.bias, self.eps)
+
+
+class TokenNorm(Block):
+    """The two-way transformer's layer norm (torch's default eps upstream, whatever the config says)."""
+
+    D: Dim
+    T: Float
+
+    weight: Param["D; T"]
+    bias: Param["D; T"]
+
+    def forward(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
+        return ops.layer_norm(x, self.weight, self.bias, 1e-5)
+
+
+class LayerNormCHW(Block):
+    """Layer norm over the channels of a channels-first map (the mask upscaling path)."""
+
+    C: Dim
+    T: Float
+
+    weight: Param["C; T"]
+    bias: Param["C; T"]
+
+    def forward(self, x: "Tensor[B, C, H, W; T]") -> "Tensor[B, C, H, W; T]":
+        return ops.layer_norm_chw(x, self.weight, self.bias, 1e-6)
+
+
+class GeluMlp(Block):
+    D: Dim
+    Inner: Dim
+    T: Float
+
+    proj_in: Linear["D, Inner, T"]
+    proj_out: Linear["Inner, D, T"]
+
+    def forward(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
+        return self.proj_out(ops.gelu(self.proj_in(x)))
+
+
+class ReluMlp(Block):
+    D: Dim
+    Inner: Dim
+    T: Float
+
+    proj_in: Linear["D, Inner, T"]
+    proj_out: Linear["Inner, D, T"]
+
+    def forward(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
+        return self.proj_out(ops.relu(self.proj_in(x)))
+
+
+class FeedForward3(Block):
+    """Three linear layers with ReLU between them (hypernetworks, IoU and object-score heads)."""
+
+    In: Dim
+    Hidden: Dim
+    Out: Dim
+    T: Float
+
+    proj_in: Linear["In, Hidden, T"]
+    hidden: Linear["Hidden, Hidden, T"]
+    proj_out: Linear["Hidden, Out, T"]
+
+    def forward(self, x: "Tensor[*S, In; T]") -> "Tensor[*S, Out; T]":
+        return self.proj_out(ops.relu(self.hidden(ops.relu(self.proj_in(x)))))
+
+
+class Deconv2x2(Block):
+    """A stride-2 transposed 2 x 2 convolution: each pixel becomes a 2 x 2 block."""
+
+    Cin: Dim
+    Cout: Dim
+    T: Float
+
+    weight: Param["Cin, Cout, 2, 2; T"]
+    bias: Param["Cout; T"]
+
+    def forward(self, x: "Tensor[B, Cin, H, W; T]") -> "Tensor[B, Cout, 2 * H, 2 * W; T]":
+        return ops.conv_transpose2x2(x, self.weight, self.bias)
+
+
+# ------------------------------------------------------------------------------------------ Hiera
+
+
+def _partition(x, win, n):
+    """``[B, n * win, n * win, C]`` -> ``[B * n * n, win, win, C]``, window by window."""
+    B, C = x.shape[0], x.shape[3]
+    x = x.reshape(B, n, win, n, win, C).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(B * n * n, win, win, C)
+
+
+def _unpartition(w, B, n):
+    """The inverse of :func:`_partition`: ``[B * n * n, win, win, C]`` -> ``[B, n * win, n * win, C]``."""
+    win, C = w.shape[1], w.shape[3]
+    w = w.reshape(B, n, n, win, win, C).permute(0, 1, 3, 2, 4, 5)
+    return w.reshape(B, n * win, n * win, C)
+
+
+class WindowAttention(Block):
+    """Multi-head self-attention inside each window (one fused qkv projection)."""
+
+    D: Dim
+    Heads: Dim
+    T: Float
+    where = "Heads > 0, D % Heads == 0"
+
+    qkv: Linear["D, 3 * D, T"]
+    proj: Linear["D, D, T"]
+
+    def forward(self, x: "Tensor[Bw, Wh, Ww, D; T]") -> "Tensor[Bw, Wh, Ww, D; T]":
+        Bw, wh, ww, _ = x.shape
+        qkv = self.qkv(x).reshape(Bw, wh * ww, 3, self.Heads, self.D // self.Heads).permute(2, 0, 3, 1, 4)
+        y = ops.attention(qkv[0], qkv[1], qkv[2])  # [Bw, Heads, Wh * Ww, D / Heads]
+        return self.proj(y.transpose(1, 2).reshape(Bw, wh, ww, self.D))
+
+
+class PoolAttention(Block):
+    """Attention whose queries are 2 x 2 max-pooled inside each ``2Q x 2Q`` window (stage changes)."""
+
+    Din: Dim
+    Dout: Dim
+    Heads: Dim
+    Q: Dim
+    T: Float
+    where = "Heads > 0, Dout % Heads == 0, Q > 0"
+
+    qkv: Linear["Din, 3 * Dout, T"]
+    proj: Linear["Dout, Dout, T"]
+
+    def forward(self, x: "Tensor[Bw, 2 * Q, 2 * Q, Din; T]") -> "Tensor[Bw, Q, Q, Dout; T]":
+        Bw = x.shape[0]
+        q2, heads, dh = 2 * self.Q, self.Heads, self.Dout // self.Heads
+        qkv = self.qkv(x).reshape(Bw, q2 * q2, 3, heads, dh)
+        q = qkv[:, :, 0].reshape(Bw, q2, q2, self.Dout).permute(0, 3, 1, 2)
+        q = ops.max_pool2d(q, 2).permute(0, 2, 3, 1).reshape(Bw, self.Q * self.Q, heads, dh)
+        y = ops.attention(q.transpose(1, 2), qkv[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2))
+        return self.proj(y.transpose(1, 2).reshape(Bw, self.Q, self.Q, self.Dout))
+
+
+class HieraLayer(Block):
+    """A pre-norm layer attending in ``Win x Win`` windows of the ``Side`` map padded by ``Pad``.
+
+    With ``Win = Side`` and ``Pad = 0`` it is a global layer: one window, the whole map.
+    """
+
+    D: Dim
+    Heads: Dim
+    Win: Dim
+    Side: Dim
+    Pad: Dim
+    T: Float
+    where = "Heads > 0, D % Heads == 0, Win > 0, (Side + Pad) % Win == 0"
+
+    layer_norm1: LayerNorm["D, T"]
+    attn: WindowAttention["D, Heads, T"]
+    layer_norm2: LayerNorm["D, T"]
+    mlp: GeluMlp["D, 4 * D, T"]
+
+    def forward(self, x: "Tensor[B, Side, Side, D; T]") -> "Tensor[B, Side, Side, D; T]":
+        B, side, pad = x.shape[0], self.Side, self.Pad
+        n = (side + pad) // self.Win
+        h = ops.pad(self.layer_norm1(x), [0, 0, 0, pad, 0, pad])
+        h = _unpartition(self.attn(_partition(h, self.Win, n)), B, n)
+        x = x + h[:, :side, :side, :]
+        return x + self.mlp(self.layer_norm2(x))
+
+
+class HieraPoolLayer(Block):
+    """A stage change: ``2 Side -> Side`` by query pooling in ``2Q`` windows, ``Din -> Dout`` channels.
+
+    ``Pad`` pads the pooled map to whole ``Q`` windows (the input is padded by ``2 * Pad``); the
+    residual is the pooled projection of the normed input.
+    """
+
+    Din: Dim
+    Dout: Dim
+    Heads: Dim
+    Q: Dim
+    Side: Dim
+    Pad: Dim
+    T: Float
+    where = "Heads > 0, Dout % Heads == 0, Q > 0, (Side + Pad) % Q == 0"
+
+    layer_norm1: LayerNorm["Din, T"]
+    attn: PoolAttention["Din, Dout, Heads, Q, T"]
+    layer_norm2: LayerNorm["Dout, T"]
+    mlp: GeluMlp["Dout, 4 * Dout, T"]
+    proj: Linear["Din, Dout, T"]
+
+    def forward(self, x: "Tensor[B, 2 * Side, 2 * Side, Din; T]") -> "Tensor[B, Side, Side, Dout; T]":
+        B, side, pad = x.shape[0], self.Side, self.Pad
+        n = (side + pad) // self.Q
+        h = self.layer_norm1(x)
+        residual = ops.max_pool2d(self.proj(h).permute(0, 3, 1, 2), 2).permute(0, 2, 3, 1)
+        h = ops.pad(h, [0, 0, 0, 2 * pad, 0, 2 * pad])
+        h = _unpartition(self.attn(_partition(h, 2 * self.Q, n)), B, n)
+        x = residual + h[:, :side, :side, :]
+        return x + self.mlp(self.layer_norm2(x))
+
+
+class PooledStage(Block):
+    """Hiera stage 1 or 3: the pooling layer, then ``Depth`` windowed layers."""
+
+    Din: Dim
+    Dout: Dim
+    Heads: Dim
+    Win: Dim
+    Side: Dim
+    Pad: Dim
+    Q: Dim
+    QPad: Dim
+    Depth: Dim
+    T: Float
+    where = "Heads > 0, Dout % Heads == 0, Win > 0, Q > 0, (Side + Pad) % Win == 0, (Side + QPad) % Q == 0"
+
+    pool: HieraPoolLayer["Din, Dout, Heads, Q, Side, QPad, T"]
+    layers: Array[HieraLayer["Dout, Heads, Win, Side, Pad, T"], "Depth"]
+
+    def forward(self, x: "Tensor[B, 2 * Side, 2 * Side, Din; T]") -> "Tensor[B, Side, Side, Dout; T]":
+        x = self.pool(x)
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class GlobalStage(Block):
+    """Hiera stage 2: the pooling layer, then runs of windowed layers, each of the first three
+    followed by a global layer."""
+
+    Din: Dim
+    Dout: Dim
+    Heads: Dim
+    Win: Dim
+    Side: Dim
+    Pad: Dim
+    Q: Dim
+    QPad: Dim
+    R0: Dim
+    R1: Dim
+    R2: Dim
+    R3: Dim
+    T: Float
+    where = ("Heads > 0, Dout % Heads == 0, Win > 0, Q > 0, Side > 0, (Side + Pad) % Win == 0, "
+             "(Side + QPad) % Q == 0")
+
+    pool: HieraPoolLayer["Din, Dout, Heads, Q, Side, QPad, T"]
+    run_0: Array[HieraLayer["Dout, Heads, Win, Side, Pad, T"], "R0"]
+    global_0: HieraLayer["Dout, Heads, Side, Side, 0, T"]
+    run_1: Array[HieraLayer["Dout, Heads, Win, Side, Pad, T"], "R1"]
+    global_1: HieraLayer["Dout, Heads, Side, Side, 0, T"]
+    run_2: Array[HieraLayer["Dout, Heads, Win, Side, Pad, T"], "R2"]
+    global_2: HieraLayer["Dout, Heads, Side, Side, 0, T"]
+    run_3: Array[HieraLayer["Dout, Heads, Win, Side, Pad, T"], "R3"]
+
+    def forward(self, x: "Tensor[B, 2 * Side, 2 * Side, Din; T]") -> "Tensor[B, Side, Side, Dout; T]":
+        x = self.pool(x)
+        for layer in self.run_0:
+            x = layer(x)
+        x = self.global_0(x)
+        for layer in self.run_1:
+            x = layer(x)
+        x = self.global_1(x)
+        for layer in self.run_2:
+            x = layer(x)
+        x = self.global_2(x)
+        for layer in self.run_3:
+            x = layer(x)
+        return x
+
+
+class Hiera(Block):
+    """The backbone: patch embedding, positions, four stages; returns every stage's output."""
+
+    E: Dim
+    Bg: Dim
+    D0: Dim
+    D1: Dim
+    D2: Dim
+    D3: Dim
+    Heads0: Dim
+    Heads1: Dim
+    Heads2: Dim
+    Heads3: Dim
+    Win0: Dim
+    Win1: Dim
+    Win2: Dim
+    Win3: Dim
+    Pad0: Dim
+    Pad1: Dim
+    Pad2: Dim
+    Pad3: Dim
+    L0: Dim
+    L1: Dim
+    L3: Dim
+    R0: Dim
+    R1: Dim
+    R2: Dim
+    R3: Dim
+    T: Float
+    where = ("E % 2 == 0, E > 0, Bg > 0, Heads0 > 0, Heads1 > 0, Heads2 > 0, Heads3 > 0, D0 % Heads0 == 0, "
+             "D1 % Heads1 == 0, D2 % Heads2 == 0, D3 % Heads3 == 0, Win0 > 1, Win1 > 1, Win2 > 1, Win3 > 0, "
+             "Win0 % 2 == 0, Win1 % 2 == 0, Win2 % 2 == 0, Pad0 % 2 == 0, Pad1 % 2 == 0, Pad2 % 2 == 0, "
+             "(4 * E) % Win0 == 0, (4 * E + Pad0) % Win0 == 0, (2 * E + Pad1) % Win1 == 0, "
+             "(E + Pad2) % Win2 == 0, (E / 2 + Pad3) % Win3 == 0, (2 * E + Pad0 / 2) % (Win0 / 2) == 0, "
+             "(E + Pad1 / 2) % (Win1 / 2) == 0, (E / 2 + Pad2 / 2) % (Win2 / 2) == 0")
+
+    patch_embed: Conv2d["3, D0, 7, 4, 3, T"]
+    pos_embed: Param["1, D0, Bg, Bg; T"]
+    pos_embed_window: Param["1, D0, Win0, Win0; T"]
+    stage_0: Array[HieraLayer["D0, Heads0, Win0, 4 * E, Pad0, T"], "L0"]
+    stage_1: PooledStage["D0, D1, Heads1, Win1, 2 * E, Pad1, Win0 / 2, Pad0 / 2, L1, T"]
+    stage_2: GlobalStage["D1, D2, Heads2, Win2, E, Pad2, Win1 / 2, Pad1 / 2, R0, R1, R2, R3, T"]
+    stage_3: PooledStage["D2, D3, Heads3, Win3, E / 2, Pad3, Win2 / 2, Pad2 / 2, L3, T"]
+
+    def forward(self, pixel_values: "Tensor[B, 3, 16 * E, 16 * E; T]") -> (
+        "(Tensor[B, 4 * E, 4 * E, D0; T], Tensor[B, 2 * E, 2 * E, D1; T], Tensor[B, E, E, D2; T], "
+        "Tensor[B, E / 2, E / 2, D3; T])"
+    ):
+        x0 = self.patch_embed(pixel_values).permute(0, 2, 3, 1) + self.positions()
+        for layer in self.stage_0:
+            x0 = layer(x0)
+        x1 = self.stage_1(x0)
+        x2 = self.stage_2(x1)
+        return x0, x1, x2, self.stage_3(x2)
+
+    def positions(self) -> "Tensor[1, 4 * E, 4 * E, D0; T]":
+        """The background table resized bicubically to the stage-0 map plus the tiled window table.
+
+        It depends on the weights only: an export computes it once and stores it as a constant.
+        """
+        side, win = 4 * self.E, self.Win0
+        background = ops.interpolate(self.pos_embed, size=(side, side), mode="bicubic")
+        return (background + self.pos_embed_window.repeat(1, 1, side // win, side // win)).permute(0, 2, 3, 1)
+
+
+class FpnNeck(Block):
+    """1 x 1 lateral convolutions to ``Hd`` channels; the 1/32 map upsampled into the 1/16 one."""
+
+    D0: Dim
+    D1: Dim
+    D2: Dim
+    D3: Dim
+    Hd: Dim
+    E: Dim
+    T: Float
+    where = "E % 2 == 0"
+
+    lateral_3: Conv2d["D3, Hd, 1, 1, 0, T"]
+    lateral_2: Conv2d["D2, Hd, 1, 1, 0, T"]
+    lateral_1: Conv2d["D1, Hd, 1, 1, 0, T"]
+    lateral_0: Conv2d["D0, Hd, 1, 1, 0, T"]
+
+    def forward(
+        self, x0: "Tensor[B, 4 * E, 4 * E, D0; T]", x1: "Tensor[B, 2 * E, 2 * E, D1; T]",
+        x2: "Tensor[B, E, E, D2; T]", x3: "Tensor[B, E / 2, E / 2, D3; T]",
+    ) -> "(Tensor[B, Hd, E, E; T], Tensor[B, Hd, 4 * E, 4 * E; T], Tensor[B, Hd, 2 * E, 2 * E; T])":
+        """The 1/16 map, then the 1/4 and 1/8 high-resolution features."""
+        top = self.lateral_3(x3.permute(0, 3, 1, 2))
+        s2 = self.lateral_2(x2.permute(0, 3, 1, 2)) + ops.interpolate(top, scale_factor=2, mode="nearest")
+        return s2, self.lateral_0(x0.permute(0, 3, 1, 2)), self.lateral_1(x1.permute(0, 3, 1, 2))
+
+
+# ----------------------------------------------------------------------------------- mask decoder
+
+
+class MaskAttention(Block):
+    """Multi-head attention whose projections may narrow the width to ``Internal``; ``key_bias`` is
+    added to every query's scores (0, or -1e9 for a key that is a padding token)."""
+
+    Hd: Dim
+    Internal: Dim
+    Heads: Dim
+    T: Float
+    where = "Heads > 0, Internal % Heads == 0"
+
+    q_proj: Linear["Hd, Internal, T"]
+    k_proj: Linear["Hd, Internal, T"]
+    v_proj: Linear["Hd, Internal, T"]
+    o_proj: Linear["Internal, Hd, T"]
+
+    def forward(
+        self, query: "Tensor[B, Pts, Q, Hd; T]", key: "Tensor[B, Pts, K, Hd; T]", value: "Tensor[B, Pts, K, Hd; T]"
+    ) -> "Tensor[B, Pts, Q, Hd; T]":
+        B, Pts, Q, _ = query.shape
+        y = ops.attention(self._heads(self.q_proj(query)), self._heads(self.k_proj(key)),
+                          self._heads(self.v_proj(value)))
+        return self.o_proj(y.transpose(2, 3).reshape(B, Pts, Q, self.Internal))
+
+    def masked(
+        self, query: "Tensor[B, Pts, Q, Hd; T]", key: "Tensor[B, Pts, K, Hd; T]", value: "Tensor[B, Pts, K, Hd; T]",
+        key_bias: "Tensor[B, Pts, 1, 1, K; T]",
+    ) -> "Tensor[B, Pts, Q, Hd; T]":
+        B, Pts, Q, _ = query.shape
+        y = ops.attention(self._heads(self.q_proj(query)), self._heads(self.k_proj(key)),
+                          self._heads(self.v_proj(value)), bias=key_bias)
+        return self.o_proj(y.transpose(2, 3).reshape(B, Pts, Q, self.Internal))
+
+    def _heads(self, t):
+        b, p, n, _ = t.shape
+        return t.reshape(b, p, n, self.Heads, self.Internal // self.Heads).transpose(2, 3)
+
+
+class TwoWayAttentionBlock(Block):
+    """Tokens attend to themselves, then to the image; the image then attends to the tokens."""
+
+    Hd: Dim
+    Heads: Dim
+    Inner: Dim
+    T: Float
+    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0"
+
+    self_attn: MaskAttention["Hd, Hd, Heads, T"]
+    layer_norm1: TokenNorm["Hd, T"]
+    cross_attn_token_to_image: MaskAttention["Hd, Hd / 2, Heads, T"]
+    layer_norm2: TokenNorm["Hd, T"]
+    mlp: ReluMlp["Hd, Inner, T"]
+    layer_norm3: TokenNorm["Hd, T"]
+    cross_attn_image_to_token: MaskAttention["Hd, Hd / 2, Heads, T"]
+    layer_norm4: TokenNorm["Hd, T"]
+
+    def forward_first(
+        self, queries: "Tensor[B, Pts, Nq, Hd; T]", keys: "Tensor[B, Pts, Nk, Hd; T]",
+        qpe: "Tensor[B, Pts, Nq, Hd; T]", kpe: "Tensor[B, Pts, Nk, Hd; T]", bias: "Tensor[B, Pts, 1, 1, Nq; T]",
+    ) -> "(Tensor[B, Pts, Nq, Hd; T], Tensor[B, Pts, Nk, Hd; T])":
+        """The first layer: self-attention without positions and without a residual."""
+        queries = self.layer_norm1(self.self_attn.masked(queries, queries, queries, bias))
+        return self._tail(queries, keys, qpe, kpe, bias)
+
+    def forward_rest(
+        self, queries: "Tensor[B, Pts, Nq, Hd; T]", keys: "Tensor[B, Pts, Nk, Hd; T]",
+        qpe: "Tensor[B, Pts, Nq, Hd; T]", kpe: "Tensor[B, Pts, Nk, Hd; T]", bias: "Tensor[B, Pts, 1, 1, Nq; T]",
+    ) -> "(Tensor[B, Pts, Nq, Hd; T], Tensor[B, Pts, Nk, Hd; T])":
+        q = queries + qpe
+        queries = self.layer_norm1(queries + self.self_attn.masked(q, q, queries, bias))
+        return self._tail(queries, keys, qpe, kpe, bias)
+
+    def _tail(
+        self, queries: "Tensor[B, Pts, Nq, Hd; T]", keys: "Tensor[B, Pts, Nk, Hd; T]",
+        qpe: "Tensor[B, Pts, Nq, Hd; T]", kpe: "Tensor[B, Pts, Nk, Hd; T]", bias: "Tensor[B, Pts, 1, 1, Nq; T]",
+    ) -> "(Tensor[B, Pts, Nq, Hd; T], Tensor[B, Pts, Nk, Hd; T])":
+        k = keys + kpe
+        queries = self.layer_norm2(queries + self.cross_attn_token_to_image(queries + qpe, k, keys))
+        queries = self.layer_norm3(queries + self.mlp(queries))
+        image_to_token = self.cross_attn_image_to_token.masked(k, queries + qpe, queries, bias)
+        return queries, self.layer_norm4(keys + image_to_token)
+
+
+class TwoWayTransformer(Block):
+    Hd: Dim
+    Heads: Dim
+    Inner: Dim
+    T: Float
+    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0"
+
+    layer_0: TwoWayAttentionBlock["Hd, Heads, Inner, T"]
+    layer_1: TwoWayAttentionBlock["Hd, Heads, Inner, T"]
+    final_attn_token_to_image: MaskAttention["Hd, Hd / 2, Heads, T"]
+    layer_norm_final_attn: TokenNorm["Hd, T"]
+
+    def forward(
+        self, point_embeddings: "Tensor[B, Pts, Nq, Hd; T]", image_embeddings: "Tensor[B, Pts, Nk, Hd; T]",
+        image_pe: "Tensor[B, Pts, Nk, Hd; T]", bias: "Tensor[B, Pts, 1, 1, Nq; T]",
+    ) -> "(Tensor[B, Pts, Nq, Hd; T], Tensor[B, Pts, Nk, Hd; T])":
+        tokens = point_embeddings
+        queries, keys = self.layer_0.forward_first(tokens, image_embeddings, tokens, image_pe, bias)
+        queries, keys = self.layer_1.forward_rest(queries, keys, tokens, image_pe, bias)
+        attn = self.final_attn_token_to_image(queries + tokens, keys + image_pe, keys)
+        return self.layer_norm_final_attn(queries + attn), keys
+
+
+class MaskDecoder(Block):
+    """Object-score, IoU and four mask tokens before the prompt tokens; masks at ``4E x 4E``.
+
+    Returns all four masks with their IoU predictions (sigmoid) and the object-score logit.
+    """
+
+    Hd: Dim
+    Heads: Dim
+    Inner: Dim
+    E: Dim
+    T: Float
+    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0, Hd % 8 == 0"
+    stability_delta: float = 0.05
+    stability_thresh: float = 0.98
+
+    obj_score_token: Param["1, Hd; T"]
+    iou_token: Param["1, Hd; T"]
+    mask_tokens: Param["4, Hd; T"]
+    transformer: TwoWayTransformer["Hd, Heads, Inner, T"]
+    upscale_conv1: Deconv2x2["Hd, Hd / 4, T"]
+    upscale_layer_norm: LayerNormCHW["Hd / 4, T"]
+    upscale_conv2: Deconv2x2["Hd / 4, Hd / 8, T"]
+    output_hypernetworks_mlps: Array[FeedForward3["Hd, Hd, Hd / 8, T"], "4"]
+    iou_prediction_head: FeedForward3["Hd, Hd, 4, T"]
+    conv_s0: Conv2d["Hd, Hd / 8, 1, 1, 0, T"]
+    conv_s1: Conv2d["Hd, Hd / 4, 1, 1, 0, T"]
+    pred_obj_score_head: FeedForward3["Hd, Hd, 1, T"]
+
+    def forward(
+        self, image_embeddings: "Tensor[B, Hd, E, E; T]", image_pe: "Tensor[B, Hd, E, E; T]",
+        sparse: "Tensor[B, Pts, N, Hd; T]", dense: "Tensor[B, Hd, E, E; T]",
+        hr0: "Tensor[B, Hd, 4 * E, 4 * E; T]", hr1: "Tensor[B, Hd, 2 * E, 2 * E; T]",
+        bias: "Tensor[B, Pts, 1, 1, 6 + N; T]",
+    ) -> "(Tensor[B, Pts, 4, 4 * E, 4 * E; T], Tensor[B, Pts, 4; T], Tensor[B, Pts, 1; T])":
+        B, Pts, _, _ = sparse.shape
+        hd, e = self.Hd, self.E
+        out = ops.cat([self.obj_score_token, self.iou_token, self.mask_tokens], dim=0)
+        tokens = ops.cat([out.expand(B, Pts, 2 + MASK_TOKENS, hd), sparse], dim=2)
+
+        def per_prompt(t):  # [B, C, H, W] -> [B * Pts, C, H, W]: one copy per prompt of the image
+            b, c, h, w = t.shape
+            return t.unsqueeze(1).expand(b, Pts, c, h, w).reshape(b * Pts, c, h, w)
+
+        def as_keys(t):  # [B, Hd, E, E] -> [B, Pts, E * E, Hd]
+            return t.flatten(2).transpose(1, 2).unsqueeze(1).expand(B, Pts, e * e, hd)
+
+        queries, keys = self.transformer(tokens, as_keys(image_embeddings + dense), as_keys(image_pe), bias)
+
+        image = keys.transpose(2, 3).reshape(B * Pts, hd, e, e)
+        up = self.upscale_conv1(image) + per_prompt(self.conv_s1(hr1))
+        up = ops.gelu(self.upscale_layer_norm(up))
+        up = ops.gelu(self.upscale_conv2(up) + per_prompt(self.conv_s0(hr0)))
+        up = up.reshape(B, Pts, hd // 8, 16 * e * e)
+        mlps = self.output_hypernetworks_mlps
+        hyper = ops.stack([mlps[i](queries[:, :, 2 + i, :]) for i in range(MASK_TOKENS)], dim=2)
+        masks = ops.matmul(hyper, up).reshape(B, Pts, MASK_TOKENS, 4 * e, 4 * e)
+        iou = ops.sigmoid(self.iou_prediction_head(queries[:, :, 1, :]))
+        return masks, iou, self.pred_obj_score_head(queries[:, :, 0, :])
+
+    def select_single(
+        self, masks: "Tensor[B, Pts, 4, 4 * E, 4 * E; T]", iou: "Tensor[B, Pts, 4; T]"
+    ) -> "(Tensor[B, Pts, 1, 4 * E, 4 * E; T], Tensor[B, Pts, 1; T])":
+        """The single-mask answer: mask 0 where it is stable, else the multimask of best predicted IoU.
+
+        Stability is the IoU of the mask thresholded at ``+delta`` and at ``-delta`` (1 when empty).
+        """
+        B, Pts = masks.shape[0], masks.shape[1]
+        side = 4 * self.E
+        best = ops.argmax(iou[:, :, 1:], -1)  # [B, Pts], the first best on ties
+        best_masks = ops.take_along(masks[:, :, 1:], best.reshape(B, Pts, 1, 1, 1).expand(B, Pts, 1, side, side), 2)
+        best_iou = ops.take_along(iou[:, :, 1:], best.reshape(B, Pts, 1), 2)
+        single = masks[:, :, 0:1]
+        area_i = ops.sum_(ops.cast(ops.gt(single, self.stability_delta), self.T), [3, 4])
+        area_u = ops.sum_(ops.cast(ops.gt(single, -self.stability_delta), self.T), [3, 4])
+        stability = ops.where(ops.gt(area_u, 0), area_i / area_u, 1.0)  # [B, Pts, 1]
+        stable = ops.ge(stability, self.stability_thresh)
+        chosen = ops.where(stable.reshape(B, Pts, 1, 1, 1), single, best_masks)
+        return chosen, ops.where(stable, iou[:, :, 0:1], best_iou)
+
+
+# ------------------------------------------------------------------------------------------ model
+
+
+class Model(Block):
+    """SAM 2.1's image path: ``encode_image`` once per image, then a decode per prompt.
+
+    Points and boxes are in pixels of the ``16 E x 16 E`` model input. Point labels: 1 foreground,
+    0 background, 2 and 3 box corners, -1 not a point, -10 padding (ignored).
+    """
+
+    E: Dim
+    Bg: Dim
+    D0: Dim
+    D1: Dim
+    D2: Dim
+    D3: Dim
+    Heads0: Dim
+    Heads1: Dim
+    Heads2: Dim
+    Heads3: Dim
+    Win0: Dim
+    Win1: Dim
+    Win2: Dim
+    Win3: Dim
+    Pad0: Dim
+    Pad1: Dim
+    Pad2: Dim
+    Pad3: Dim
+    L0: Dim
+    L1: Dim
+    L3: Dim
+    R0: Dim
+    R1: Dim
+    R2: Dim
+    R3: Dim
+    Hd: Dim
+    MaskHeads: Dim
+    MaskInner: Dim
+    T: Float = f32
+    where = ("E % 2 == 0, E > 0, Bg > 0, Heads0 > 0, Heads1 > 0, Heads2 > 0, Heads3 > 0, D0 % Heads0 == 0, "
+             "D1 % Heads1 == 0, D2 % Heads2 == 0, D3 % Heads3 == 0, Win0 > 1, Win1 > 1, Win2 > 1, Win3 > 0, "
+             "Win0 % 2 == 0, Win1 % 2 == 0, Win2 % 2 == 0, Pad0 % 2 == 0, Pad1 % 2 == 0, Pad2 % 2 == 0, "
+             "(4 * E) % Win0 == 0, (4 * E + Pad0) % Win0 == 0, (2 * E + Pad1) % Win1 == 0, "
+             "(E + Pad2) % Win2 == 0, (E / 2 + Pad3) % Win3 == 0, (2 * E + Pad0 / 2) % (Win0 / 2) == 0, "
+             "(E + Pad1 / 2) % (Win1 / 2) == 0, (E / 2 + Pad2 / 2) % (Win2 / 2) == 0, "
+             "MaskHeads > 0, Hd % MaskHeads == 0, (Hd / 2) % MaskHeads == 0, Hd % 8 == 0, Hd % 2 == 0")
+    imports = ("std.nn.conv", "std.nn.linear")
+
+    backbone: Hiera["E, Bg, D0, D1, D2, D3, Heads0, Heads1, Heads2, Heads3, Win0, Win1, Win2, Win3, "
+                    "Pad0, Pad1, Pad2, Pad3, L0, L1, L3, R0, R1, R2, R3, T"]
+    neck: FpnNeck["D0, D1, D2, D3, Hd, E, T"]
+    no_memory_embedding: Param["1, 1, Hd; T"]
+    positional_embedding: Param["2, Hd / 2; T"]
+    prompt_positional_embedding: Param["2, Hd / 2; T"]
+    point_embed: Param["4, Hd; T"]
+    not_a_point_embed: Param["1, Hd; T"]
+    no_mask_embed: Param["1, Hd; T"]
+    mask_decoder: MaskDecoder["Hd, MaskHeads, MaskInner, E, T"]
+
+    @entry
+    def encode_image(self, pixel_values: "Tensor[B, 3, 16 * E, 16 * E; T]") -> (
+        "(Tensor[B, Hd, E, E; T], Tensor[B, Hd, 4 * E, 4 * E; T], Tensor[B, Hd, 2 * E, 2 * E; T])"
+    ):
+        """The image embedding (no-memory embedding added) and the 1/4 and 1/8 features before
+        ``conv_s0`` / ``conv_s1``, from normalised pixels."""
+        x0, x1, x2, x3 = self.backbone(pixel_values)
+        embedding, hr0, hr1 = self.neck(x0, x1, x2, x3)
+        return embedding + self.no_memory_embedding.reshape(1, self.Hd, 1, 1), hr0, hr1
+
+    @entry
+    def decode_tokens(
+        self, image_embeddings: "Tensor[B, Hd, E, E; T]", image_pe: "Tensor[B, Hd, E, E; T]",
+        sparse: "Tensor[B, Pts, N, Hd; T]", dense: "Tensor[B, Hd, E, E; T]",
+        hr0: "Tensor[B, Hd, 4 * E, 4 * E; T]", hr1: "Tensor[B, Hd, 2 * E, 2 * E; T]",
+    ) -> "(Tensor[B, Pts, 3, 4 * E, 4 * E; T], Tensor[B, Pts, 3; T], Tensor[B, Pts, 1; T])":
+        """The edge decoder: composed prompt tokens in, the three multimask logits, their IoU
+        predictions and the object-score logit out.
+
+        A not-a-point token directly after another one is padding: its key gets a -1e9 bias in every
+        attention, so padding a prompt up to ``N`` tokens never changes the result.
+        """
+        B, Pts, N, _ = sparse.shape
+        nap = ops.cast(ops.eq(ops.sum_(ops.abs_(sparse - self.not_a_point_embed), -1), 0.0), self.T)
+        padding = nap * ops.pad(nap, [1, 0])[:, :, :N]  # [B, Pts, N]: 1 where it and the one before are
+        bias = ops.pad(padding * NOT_A_POINT_BIAS, [2 + MASK_TOKENS, 0]).reshape(B, Pts, 1, 1, 2 + MASK_TOKENS + N)
+        masks, iou, obj = self.mask_decoder(image_embeddings, image_pe, sparse, dense, hr0, hr1, bias)
+        return masks[:, :, 1:], iou[:, :, 1:], obj
+
+    @entry
+    def decode_points(
+        self, image_embeddings: "Tensor[B, Hd, E, E; T]", hr0: "Tensor[B, Hd, 4 * E, 4 * E; T]",
+        hr1: "Tensor[B, Hd, 2 * E, 2 * E; T]", input_points: "Tensor[B, Pts, N, 2; T]",
+        input_labels: "Tensor[B, Pts, N; i32]",
+    ) -> "(Tensor[B, Pts, 4, 4 * E, 4 * E; T], Tensor[B, Pts, 4; T], Tensor[B, Pts, 1; T])":
+        """All four masks (single-mask first), their IoU predictions and the object-score logit for
+        ``Pts`` prompts of ``N`` labelled points each."""
+        # as upstream, one "not a point" is appended to every prompt (at the origin, labelled -1)
+        points = ops.pad(input_points + 0.5, [0, 0, 0, 1])
+        labels = ops.pad(input_labels, [0, 1], value=-1).unsqueeze(-1)
+        emb = self._fourier(points / ops.dim_like(points, 16 * self.E), self.prompt_positional_embedding)
+        emb = ops.where(ops.eq(labels, -1), self.not_a_point_embed, emb)
+        emb = ops.where(ops.eq(labels, -10), 0.0, emb)
+        for k in range(4):
+            emb = ops.where(ops.eq(labels, k), emb + self.point_embed[k], emb)
+        return self._decode(image_embeddings, hr0, hr1, emb)
+
+    @entry
+    def decode_boxes(
+        self, image_embeddings: "Tensor[B, Hd, E, E; T]", hr0: "Tensor[B, Hd, 4 * E, 4 * E; T]",
+        hr1: "Tensor[B, Hd, 2 * E, 2 * E; T]", input_boxes: "Tensor[B, Nb, 4; T]",
+    ) -> "(Tensor[B, Nb, 4, 4 * E, 4 * E; T], Tensor[B, Nb, 4; T], Tensor[B, Nb, 1; T])":
+        """All four masks, IoU predictions and object-score logits for ``Nb`` boxes ``(x1, y1, x2, y2)``."""
+        B, Nb, _ = input_boxes.shape
+        corners = ((input_boxes + 0.5) / ops.dim_like(input_boxes, 16 * self.E)).reshape(B, Nb, 2, 2)
+        emb = self._fourier(corners, self.prompt_positional_embedding) + self.point_embed[2:4]
+        nap = self.not_a_point_embed.reshape(1, 1, 1, self.Hd).expand(B, Nb, 1, self.Hd)
+        return self._decode(image_embeddings, hr0, hr1, ops.cat([emb, nap], dim=2))
+
+    def select_single(
+        self, masks: "Tensor[B, Pts, 4, 4 * E, 4 * E; T]", iou: "Tensor[B, Pts, 4; T]"
+    ) -> "(Tensor[B, Pts, 1, 4 * E, 4 * E; T], Tensor[B, Pts, 1; T])":
+        """Upstream's ``multimask_output=False``: the dynamic choice by stability (see MaskDecoder)."""
+        return self.mask_decoder.select_single(masks, iou)
+
+    def image_positions(self) -> "Tensor[1, Hd, E, E; T]":
+        """The Fourier features of every embedding cell's centre (``decode_tokens``' ``image_pe``)."""
+        e = self.E
+        g = (ops.arange_like(self.positional_embedding, e) + 0.5) / ops.dim_like(self.positional_embedding, e)
+        xy = ops.stack([g.unsqueeze(0).expand(e, e), g.unsqueeze(1).expand(e, e)], dim=-1)
+        return self._fourier(xy, self.positional_embedding).permute(2, 0, 1).unsqueeze(0)
+
+    def _decode(self, image_embeddings, hr0, hr1, sparse):
+        B, Pts, N, hd = sparse.shape
+        e = self.E
+        dense = self.no_mask_embed.reshape(1, hd, 1, 1).expand(B, hd, e, e)
+        image_pe = self.image_positions().expand(B, hd, e, e)
+        n = 2 + MASK_TOKENS + N
+        bias = (ops.arange_like(sparse, n) * 0.0).reshape(1, 1, 1, 1, n).expand(B, Pts, 1, 1, n)  # no padding
+        return self.mask_decoder(image_embeddings, image_pe, sparse, dense, hr0, hr1, bias)
+
+    def _fourier(self, coords, table):
+        """Random Fourier features ``[sin, cos](2 pi (2c - 1) G)`` of coordinates in [0, 1]."""
+        c = ops.matmul(coords * 2 - 1, table) * (2 * math.pi)
+        return ops.cat([ops.sin(c), ops.cos(c)], dim=-1)

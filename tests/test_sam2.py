@@ -1,0 +1,258 @@
+"""SAM 2.1 Hiera: a clean check, the card, and parity with transformers ``Sam2Model`` at 1024 and 512 px.
+
+The default run uses the real block layout of every family size (tiny, small, base-plus, large:
+depths, windows, global blocks, background tables) at small widths; the real tiny widths run under
+``-m slow``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import Sam2Config, Sam2Model
+
+import kestrel
+from kestrel.blocks import EntryError
+from kestrel.checker.check import check_program
+from kestrel.models import sam2
+from kestrel.models.cards import CARDS, CardError
+from kestrel.models.cards.sam2 import FAMILY_BACKBONES
+from reference import rel_diff
+
+TOL = 1e-4
+HD = 32
+
+
+def small_config(image: int = 1024, hd: int = HD, **backbone) -> dict:
+    """A Sam2Config dict at small widths, Hiera-tiny's layout unless ``backbone`` says otherwise."""
+    bb = dict(hidden_size=16, embed_dim_per_stage=[16, 32, 64, 128], num_attention_heads_per_stage=[1, 2, 2, 4],
+              blocks_per_stage=[1, 2, 7, 2], window_size_per_stage=[8, 4, 14, 7], global_attention_blocks=[5, 7, 9],
+              window_positional_embedding_background_size=[7, 7])
+    bb.update(backbone)
+    return at_size(dict(
+        vision_config=dict(backbone_config=dict(bb, model_type="sam2_hiera_det_model"),
+                           backbone_channel_list=list(reversed(bb["embed_dim_per_stage"])), fpn_hidden_size=hd),
+        prompt_encoder_config=dict(hidden_size=hd),
+        mask_decoder_config=dict(hidden_size=hd, num_attention_heads=2, mlp_dim=64, iou_head_hidden_dim=hd),
+    ), image)
+
+
+def at_size(config: dict, image: int) -> dict:
+    """The config with ``image_size`` overridden, as the seed's 512 px recipe does."""
+    cfg = copy.deepcopy(config)
+    s = image // 4
+    cfg["vision_config"]["backbone_config"]["image_size"] = [image, image]
+    cfg["vision_config"]["backbone_feature_sizes"] = [[s, s], [s // 2, s // 2], [s // 4, s // 4]]
+    cfg["prompt_encoder_config"]["image_size"] = image
+    return cfg
+
+
+def seeded_sam2(config: dict, seed: int = 0) -> Sam2Model:
+    """A transformers Sam2Model with random weights everywhere (upstream zero-initialises the
+    position tables and the no-memory embedding, which would hide them from the comparison)."""
+    torch.manual_seed(seed)
+    ref = Sam2Model(Sam2Config(**config)).eval()
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if name.endswith(("pos_embed", "pos_embed_window", "no_memory_embedding")):
+                p.normal_(0, 0.5)
+            elif p.dim() >= 2:
+                p.normal_(0, p[0].numel() ** -0.5)
+            elif "norm" in name and name.endswith("weight"):
+                p.add_(torch.randn_like(p) * 0.1)
+            elif name.endswith("bias"):
+                p.normal_(0, 0.02)
+        for name, b in ref.named_buffers():
+            if name.endswith("positional_embedding"):
+                b.normal_(0, 1.0)
+    return ref
+
+
+def resized_reference(ref: Sam2Model, image: int) -> Sam2Model:
+    """The same weights in a Sam2Model whose config says ``image_size = image``."""
+    out = Sam2Model(Sam2Config(**at_size(ref.config.to_dict(), image))).eval()
+    out.load_state_dict(ref.state_dict())
+    return out
+
+
+def reference_encode(ref: Sam2Model, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Upstream's image embedding and the two high-resolution features before conv_s0 / conv_s1."""
+    with torch.no_grad():
+        out = ref.vision_encoder(x)
+        fpn = out.fpn_hidden_states  # (1/4, 1/8, 1/16)
+        emb = ref.get_image_embeddings(x)[-1]
+    return {"embedding": emb, "hr0": fpn[0], "hr1": fpn[1], "feat_s0": ref.mask_decoder.conv_s0(fpn[0]),
+            "feat_s1": ref.mask_decoder.conv_s1(fpn[1])}
+
+
+def reference_decode(ref: Sam2Model, emb: torch.Tensor, hr0: torch.Tensor, hr1: torch.Tensor, **prompts):
+    """All four masks and IoUs (single-mask token first), object-score logits, and upstream's
+    ``multimask_output=False`` answer (the dynamic choice by stability)."""
+    feats = [ref.mask_decoder.conv_s0(hr0), ref.mask_decoder.conv_s1(hr1), emb]
+    with torch.no_grad():
+        dec = ref.mask_decoder
+        sparse, dense = ref.prompt_encoder(input_points=prompts.get("input_points"),
+                                           input_labels=prompts.get("input_labels"),
+                                           input_boxes=prompts.get("input_boxes"), input_masks=None)
+        pe = ref.get_image_wide_positional_embeddings().repeat(emb.shape[0], 1, 1, 1)
+        saved = dec.dynamic_multimask_via_stability
+        dec.dynamic_multimask_via_stability = False  # the single-mask token's own output
+        one, one_iou, _, obj = dec(emb, pe, sparse, dense, False, feats[:2])
+        dec.dynamic_multimask_via_stability = saved
+        three, three_iou, _, _ = dec(emb, pe, sparse, dense, True, feats[:2])
+        full = ref(image_embeddings=feats, multimask_output=False, **prompts)
+    return (torch.cat([one, three], 2), torch.cat([one_iou, three_iou], 2), obj, full.pred_masks, full.iou_scores)
+
+
+POINTS = torch.tensor([[[[500.0, 300.0], [100.0, 900.0]], [[10.0, 20.0], [1000.0, 3.0]],
+                        [[7.0, 1010.0], [300.0, 301.0]]]])
+LABELS = torch.tensor([[[1, 0], [1, -10], [0, -1]]], dtype=torch.int32)
+BOXES = torch.tensor([[[100.0, 200.0, 500.0, 700.0], [0.0, 0.0, 1023.0, 1023.0], [3.0, 4.0, 50.0, 60.0]]])
+
+
+def check_decoders(ref, ours, enc: dict[str, torch.Tensor], scale: float, figures: dict[str, float]) -> None:
+    emb, hr0, hr1 = enc["embedding"], enc["hr0"], enc["hr1"]
+    for kind, prompts, call in (
+        ("points", dict(input_points=POINTS * scale, input_labels=LABELS),
+         lambda: ours.decode_points(emb, hr0, hr1, POINTS * scale, LABELS)),
+        ("boxes", dict(input_boxes=BOXES * scale), lambda: ours.decode_boxes(emb, hr0, hr1, BOXES * scale)),
+    ):
+        masks4, iou4, obj, single, single_iou = reference_decode(ref, emb, hr0, hr1, **prompts)
+        with torch.no_grad():
+            got_masks, got_iou, got_obj = call()
+            got_single, got_single_iou = ours.select_single(got_masks, got_iou)
+        figures[f"{kind} masks"] = rel_diff(got_masks, masks4)
+        figures[f"{kind} iou"] = rel_diff(got_iou, iou4)
+        figures[f"{kind} object score"] = rel_diff(got_obj, obj)
+        figures[f"{kind} single mask"] = rel_diff(got_single, single)
+        figures[f"{kind} single iou"] = rel_diff(got_single_iou, single_iou)
+    assert max(figures.values()) <= TOL, figures
+
+
+def check_encoder(ref, ours, image: int, figures: dict[str, float]) -> dict[str, torch.Tensor]:
+    torch.manual_seed(3)
+    x = torch.randn(1, 3, image, image)
+    want = reference_encode(ref, x)
+    with torch.no_grad():
+        emb, hr0, hr1 = ours.encode_image(x)
+    e = image // 16
+    assert emb.shape == (1, ours.Hd, e, e) and hr0.shape == (1, ours.Hd, 4 * e, 4 * e)
+    figures["image embedding"] = rel_diff(emb, want["embedding"])
+    figures["hr0"], figures["hr1"] = rel_diff(hr0, want["hr0"]), rel_diff(hr1, want["hr1"])
+    assert max(figures.values()) <= TOL, figures
+    with torch.no_grad():  # the weights are random enough that the embedding depends on the image
+        assert rel_diff(ours.encode_image(torch.randn(1, 3, image, image))[0], want["embedding"]) > 0.1
+    return want
+
+
+# ---------------------------------------------------------------------------------------- declarations
+
+
+def test_program_checks_clean():
+    report = check_program(sam2.Model)
+    assert report.ok, "\n".join(map(str, report.diagnostics))
+
+
+def test_card_binds_tiny_at_both_sizes():
+    card = CARDS["sam2.1-hiera-tiny"]
+    g = card.generics()
+    assert (g["E"], g["D0"], g["D3"], g["Win2"], g["Pad2"], g["Pad3"], g["L0"], g["L1"], g["L3"]) == (
+        64, 96, 768, 14, 6, 3, 1, 1, 1)
+    assert [g[f"R{k}"] for k in range(4)] == [1, 1, 1, 0]
+    g512 = card.family.rebind(card.config, {"E": 32})
+    assert (g512["E"], g512["Pad2"], g512["Pad3"]) == (32, 10, 5)
+
+
+@pytest.mark.parametrize("size", sorted(FAMILY_BACKBONES))
+def test_card_lays_out_every_family_size(size):
+    cfg = copy.deepcopy(CARDS["sam2.1-hiera-tiny"].config)
+    cfg["vision_config"]["backbone_config"].update(FAMILY_BACKBONES[size])
+    cfg["vision_config"]["backbone_channel_list"] = list(reversed(
+        cfg["vision_config"]["backbone_config"]["embed_dim_per_stage"]))
+    g = sam2_generics(cfg)
+    depth = sum(cfg["vision_config"]["backbone_config"]["blocks_per_stage"])
+    assert g["L0"] + 1 + g["L1"] + 1 + sum(g[f"R{k}"] for k in range(4)) + 3 + 1 + g["L3"] == depth
+
+
+def sam2_generics(cfg):
+    return CARDS["sam2.1-hiera-tiny"].family.generics(cfg)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"global_attention_blocks": [1, 7, 9]}, "global_attention_blocks"),
+    ({"query_stride": [3, 3]}, "query_stride"),
+    ({"window_size_per_stage": [8, 5, 14, 7]}, "even windows"),
+])
+def test_card_refuses_what_the_program_fixes(change, field):
+    cfg = copy.deepcopy(CARDS["sam2.1-hiera-tiny"].config)
+    cfg["vision_config"]["backbone_config"].update(change)
+    with pytest.raises(ValueError, match=field):
+        sam2_generics(cfg)
+
+
+# -------------------------------------------------------------------------------------------- parity
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    ref = seeded_sam2(small_config(1024))
+    path = tmp_path_factory.mktemp("sam2-small")
+    ref.save_pretrained(path)
+    return ref, path
+
+
+@pytest.mark.parametrize("image", [1024, 512])
+def test_small_tiny_layout_matches_reference(small, image):
+    ref, path = small
+    ours = kestrel.load(path) if image == 1024 else kestrel.load(path, E=image // 16)
+    ref = ref if image == 1024 else resized_reference(ref, image)
+    figures: dict[str, float] = {}
+    enc = check_encoder(ref, ours, image, figures)
+    check_decoders(ref, ours, enc, image / 1024, figures)
+    print(image, figures)
+
+
+@pytest.mark.parametrize("size", sorted(FAMILY_BACKBONES))
+def test_family_layouts_match_reference(tmp_path, size):
+    """Every family size's layout (depths, windows, global blocks, tables) at small widths, 256 px."""
+    over = dict(FAMILY_BACKBONES[size])
+    widths = {"hidden_size": 16, "embed_dim_per_stage": [16, 32, 64, 128]}
+    over.update(widths)
+    ref = seeded_sam2(small_config(256, **over))
+    ref.save_pretrained(tmp_path)
+    ours = kestrel.load(tmp_path)
+    figures: dict[str, float] = {}
+    enc = check_encoder(ref, ours, 256, figures)
+    check_decoders(ref, ours, enc, 0.25, figures)
+
+
+def test_entries_check_their_inputs(small):
+    _, path = small
+    ours = kestrel.load(path, E=32)
+    with pytest.raises(EntryError, match="pixel_values"):
+        ours.encode_image(torch.randn(1, 3, 1024, 1024))
+    e = torch.randn(1, HD, 32, 32)
+    with pytest.raises(EntryError, match="input_labels"):
+        ours.decode_points(e, torch.randn(1, HD, 128, 128), torch.randn(1, HD, 64, 64), POINTS, LABELS.long())
+
+
+def test_load_refuses_an_odd_embedding_side(small):
+    _, path = small
+    with pytest.raises(CardError, match="even"):
+        kestrel.load(path, E=33)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("image", [1024, 512])
+def test_sam2_hiera_tiny_real_config(tmp_path, image):
+    config = {k: v for k, v in CARDS["sam2.1-hiera-tiny"].config.items() if k != "model_type"}
+    ref = seeded_sam2(config)
+    ref.save_pretrained(tmp_path)
+    ours = kestrel.load(tmp_path) if image == 1024 else kestrel.load(tmp_path, E=image // 16)
+    ref = ref if image == 1024 else resized_reference(ref, image)
+    figures: dict[str, float] = {}
+    enc = check_encoder(ref, ours, image, figures)
+    check_decoders(ref, ours, enc, image / 1024, figures)
+    print(image, figures)
