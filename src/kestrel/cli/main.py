@@ -15,6 +15,7 @@ EPILOG = """examples:
   kestrel classify cat.jpg --weights DIR         ViT-B/16 top-5 labels
   kestrel embed photos/ --model dinov2-base --out feats.safetensors
   kestrel export vit-base-patch16-224 --target onnx --out out/
+  kestrel export sam2.1-hiera-tiny --target executorch-webgpu --size 512 --out out/
 """
 
 
@@ -60,6 +61,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         errors.append(ExportError)
     except ImportError:
         pass
+    from ..export.executorch import ExecuTorchError
+
+    errors.append(ExecuTorchError)
     return tuple(errors)
 
 

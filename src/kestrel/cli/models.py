@@ -106,15 +106,54 @@ def cmd_diagram(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ..export.onnx import export_onnx
     from ..runtime.load import load
 
-    if args.target != "onnx":
-        raise CardError(f"export target {args.target!r} is not available yet; supported: onnx")
-    model = load(args.model, weights=args.weights)
-    for path in export_onnx(model, Path(args.out), batch=args.batch):
-        print(path)
+    model = load(args.model, weights=args.weights, **_size_generics(args))
+    if args.target == "onnx" and not _is_edge_split(model):
+        from ..export.onnx import export_onnx
+
+        for path in export_onnx(model, Path(args.out), batch=args.batch):
+            print(path)
+        return 0
+    from ..export.edge import TARGETS, export_edge
+
+    if args.target not in TARGETS:
+        raise CardError(f"unknown export target {args.target!r}; expected one of {', '.join(TARGETS)}")
+    manifest = export_edge(model, Path(args.out), args.target, validate=not args.no_validate,
+                           progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    for name, row in manifest["files"].items():
+        print(f"{Path(args.out) / name}  {row['bytes']} bytes")
+    print(Path(args.out) / "manifest.json")
+    if not args.no_validate:
+        summary = json.loads((Path(args.out) / "validation.json").read_text())["summary"]
+        print(f"validation: {summary['cases']} cases, worst relative {summary['worst_relative']}, lowest mask IoU "
+              f"{summary['lowest_mask_iou']}: {'passed' if summary['passed'] else 'FAILED'}")
+        return 0 if summary["passed"] else 1
     return 0
+
+
+def _size_generics(args: argparse.Namespace) -> dict[str, int]:
+    """``--size N``: the generics that bind the input size (SAM 2's ``E = N / 16``, DINOv2's Height/Width)."""
+    if args.size is None:
+        return {}
+    from ..models.cards import family_for_config
+    from ..runtime.load import read_config, resolve
+
+    directory, _ = resolve(args.model, args.weights)
+    family = family_for_config(read_config(directory), directory)
+    if "E" in family.resizable:
+        if args.size % 32:
+            raise CardError(f"--size {args.size}: {family.name} needs a multiple of 32")
+        return {"E": args.size // 16}
+    if {"Height", "Width"} <= set(family.resizable):
+        return {"Height": args.size, "Width": args.size}
+    raise CardError(f"--size: {family.name} is bound at its checkpoint's image size (it cannot be rebound)")
+
+
+def _is_edge_split(model: object) -> bool:
+    from ..export.edge_sam2 import is_sam2
+
+    return is_sam2(model)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -143,11 +182,26 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", metavar="FILE", help="FILE.svg (default) or FILE.dot for Graphviz")
     p.set_defaults(run=cmd_diagram)
 
-    p = sub.add_parser("export", help="export deployable programs (ONNX)",
-                       description="Write one program per entry, plus manifest.json with shapes and sha256.")
+    p = sub.add_parser("export", help="export deployable programs (ExecuTorch, ONNX)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Write one program per entry (SAM 2.1: the encoder/decoder split of seed 002), "
+                                   "the prompt tables, manifest.json (shapes, sha256, op counts read back from the "
+                                   "programs) and validation.json (the programs run on this CPU against Kestrel "
+                                   "eager and, for SAM 2.1, transformers).",
+                       epilog="targets:\n"
+                              "  executorch-webgpu    WebGPUPartitioner programs + portable twins that validate here\n"
+                              "  executorch-portable  ExecuTorch portable kernels (no delegate)\n"
+                              "  executorch-xnnpack   XNNPACK-delegated programs, for CPUs\n"
+                              "  onnx                 ONNX (onnxruntime validates)\n"
+                              "ExecuTorch targets need the extra: pip install 'kestrel[edge]'\n\n"
+                              "example: kestrel export sam2.1-hiera-tiny --target executorch-webgpu --size 512 "
+                              "--out out/")
     p.add_argument("model", metavar="MODEL", help="card name or save_pretrained directory")
-    p.add_argument("--target", default="onnx", help="onnx (default)")
+    p.add_argument("--target", default="onnx", metavar="TARGET",
+                   help="executorch-webgpu, executorch-portable, executorch-xnnpack or onnx (default)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     p.add_argument("--weights", metavar="DIR", help="read the card's weights from this directory")
-    p.add_argument("--batch", type=int, default=1, help="batch size of the exported inputs (default 1)")
+    p.add_argument("--size", type=int, metavar="PX", help="input image size to bind (SAM 2.1: 512 or 1024)")
+    p.add_argument("--batch", type=int, default=1, help="batch size of plain ONNX exports (default 1)")
+    p.add_argument("--no-validate", action="store_true", help="skip validation.json (no programs are run)")
     p.set_defaults(run=cmd_export)

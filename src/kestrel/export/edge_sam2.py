@@ -1,0 +1,406 @@
+"""Seed 002: SAM 2.1 split into an encoder program and a decoder program for the edge.
+
+>>> model = kestrel.load("sam2-dir/", E=32)                 # 512 px: the embedding side E = 512 / 16
+>>> export_edge(model, "out/", target="executorch-webgpu")
+
+- ``sam2_encoder``: ``encode_image``: normalised pixels ``[1, 3, 16E, 16E]`` to the image embedding
+  (no-memory embedding added) and the two high-resolution features before ``conv_s0`` / ``conv_s1``;
+- ``sam2_decoder``: ``decode_tokens`` with a fixed number of prompt tokens (3): image embedding,
+  image positional embedding, sparse tokens, dense embedding, the two features; the three multimask
+  logits ``[1, 3, 4E, 4E]``, their IoU scores and the object-score logit.
+
+The page composes the sparse tokens from the prompt tables (``prompt_*.bin``, little-endian f32):
+the Gaussian Fourier table, the point/box-corner embeddings and the not-a-point embedding; the image
+positional embedding and the dense (no-mask) embedding are tables too. :func:`compose_tokens` is that
+composition, and validation composes from the written ``.bin`` files, as a page would.
+
+Validation (``validation.json``) runs the CPU programs end to end on a photo-like image and several
+prompts and compares them with Kestrel eager and with transformers ``Sam2Model`` at the same size
+(``image_size`` overridden), on the unpadded prompt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import manifest as mf
+from . import validation as val
+from .edge import Recipe, read_table, upstream_of
+from .executorch import SDPA_REWRITE
+
+TOKENS = 3
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+NOT_A_POINT, PADDING = -1, -10
+
+
+def is_sam2(model: Any) -> bool:
+    return type(model).__module__.endswith("models.sam2") and hasattr(model, "decode_tokens")
+
+
+class Sam2Encoder(nn.Module):
+    """``encode_image`` as a program: pixels -> (image_embeddings, hr0, hr1)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return tuple(self.model.encode_image(pixels))  # type: ignore[return-value]
+
+
+class Sam2Decoder(nn.Module):
+    """``decode_tokens`` for one prompt as a program: masks come out as ``[B, 3, 4E, 4E]``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, image_embeddings: torch.Tensor, image_pe: torch.Tensor, sparse: torch.Tensor,
+                dense: torch.Tensor, hr0: torch.Tensor, hr1: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        masks, iou, obj = self.model.decode_tokens(image_embeddings, image_pe, sparse, dense, hr0, hr1)
+        b, pts, k, h, w = masks.shape
+        return masks.reshape(b, pts * k, h, w), iou, obj
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """Points ``[(x, y), ...]`` in model-input pixels with labels (1 foreground, 0 background), or a box."""
+
+    name: str
+    points: tuple[tuple[float, float], ...] = ()
+    labels: tuple[int, ...] = ()
+    box: tuple[float, float, float, float] | None = None
+
+
+def prompts_for(size: int) -> list[Prompt]:
+    """The validation prompts at a ``size`` px input: every kind that fits in three tokens."""
+    s = size / 512
+    return [
+        Prompt("one foreground point", ((250 * s, 180 * s),), (1,)),
+        Prompt("foreground and background points", ((250 * s, 180 * s), (400 * s, 420 * s)), (1, 0)),
+        Prompt("one background point", ((100 * s, 60 * s),), (0,)),
+        Prompt("box", box=(120 * s, 90 * s, 380 * s, 330 * s)),
+    ]
+
+
+def photo_like(size: int, seed: int = 0) -> torch.Tensor:
+    """A ``[size, size, 3]`` uint8 RGB image with what photos have: smooth sky and ground gradients,
+    a few solid objects with soft edges, texture and sensor noise."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.linspace(0, 1, size).reshape(size, 1, 1)
+    x = torch.linspace(0, 1, size).reshape(1, size, 1)
+    sky = torch.tensor([0.45, 0.65, 0.95]) * (1 - 0.5 * y) + torch.tensor([0.9, 0.9, 0.95]) * 0.5 * y
+    ground = torch.tensor([0.35, 0.45, 0.2]) * (0.7 + 0.3 * x)
+    img = torch.where(y < 0.55 + 0.05 * torch.sin(x * 9), sky, ground)
+    for cx, cy, r, colour in ((0.45, 0.4, 0.18, (0.8, 0.2, 0.15)), (0.75, 0.75, 0.12, (0.95, 0.85, 0.3)),
+                              (0.2, 0.7, 0.1, (0.25, 0.25, 0.6))):
+        d = ((x - cx) ** 2 + (y - cy) ** 2).sqrt()
+        alpha = torch.sigmoid((r - d) * size / 3)
+        img = img * (1 - alpha) + torch.tensor(colour) * alpha * (0.8 + 0.2 * torch.cos(y * 20 + x * 13))
+    img = img + 0.02 * torch.randn(size, size, 3, generator=g)
+    return (img.clamp(0, 1) * 255).round().to(torch.uint8)
+
+
+def preprocess(image: torch.Tensor, size: int) -> torch.Tensor:
+    """The seed's preprocessing outside the graph: RGB uint8 ``[H, W, 3]``, resized to ``size x size``
+    without keeping the aspect ratio (bilinear), /255, ImageNet mean/std -> ``[1, 3, size, size]``."""
+    x = image.permute(2, 0, 1).unsqueeze(0).to(torch.float32)
+    if x.shape[-2:] != (size, size):
+        x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+    x = x / 255.0
+    mean = torch.tensor(IMAGENET_MEAN).reshape(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).reshape(1, 3, 1, 1)
+    return (x - mean) / std
+
+
+# --------------------------------------------------------------------------------- prompt tables
+
+
+TABLE_SHAPES = {  # file -> shape in units of (Hd, E); filled per model
+    "prompt_gaussian.bin": "2, Hd / 2",
+    "prompt_point_embed_bg.bin": "Hd",
+    "prompt_point_embed_fg.bin": "Hd",
+    "prompt_box_tl.bin": "Hd",
+    "prompt_box_br.bin": "Hd",
+    "prompt_not_a_point.bin": "Hd",
+    "prompt_img_pos.bin": "1, Hd, E, E",
+    "prompt_dense.bin": "1, Hd, E, E",
+}
+
+
+def prompt_tables(model: Any) -> dict[str, tuple[torch.Tensor, str]]:
+    """The tables a page composes prompts from, with where each comes from upstream."""
+    hd, e = model.generics["Hd"], model.generics["E"]
+    size = 16 * e
+    gauss = model.prompt_positional_embedding.detach()
+    shared = bool(torch.equal(gauss, model.positional_embedding.detach()))
+    gauss_source = "prompt_encoder.shared_embedding.positional_embedding (the table Sam2PromptEncoder embeds points "
+    gauss_source += ("with; equal to shared_image_embedding.positional_embedding in this checkpoint)" if shared else
+                     "with; this checkpoint's shared_image_embedding.positional_embedding differs and is only used "
+                     "for prompt_img_pos.bin)")
+    pe = model.point_embed.detach()
+    with torch.no_grad():
+        img_pos = model.image_positions().detach()
+    dense = model.no_mask_embed.detach().reshape(1, hd, 1, 1).expand(1, hd, e, e)
+    return {
+        "prompt_gaussian.bin": (gauss, gauss_source),
+        "prompt_point_embed_bg.bin": (pe[0], "prompt_encoder.point_embed.weight[0]"),
+        "prompt_point_embed_fg.bin": (pe[1], "prompt_encoder.point_embed.weight[1]"),
+        "prompt_box_tl.bin": (pe[2], "prompt_encoder.point_embed.weight[2]"),
+        "prompt_box_br.bin": (pe[3], "prompt_encoder.point_embed.weight[3]"),
+        "prompt_not_a_point.bin": (model.not_a_point_embed.detach()[0], "prompt_encoder.not_a_point_embed.weight[0]"),
+        "prompt_img_pos.bin": (img_pos, f"Sam2Model.get_image_wide_positional_embeddings() with image_size={size}"),
+        "prompt_dense.bin": (dense, f"prompt_encoder.no_mask_embed.weight broadcast to [1,{hd},{e},{e}]"),
+    }
+
+
+def load_tables(directory: Path, hd: int, e: int) -> dict[str, torch.Tensor]:
+    """The ``.bin`` tables read back as a page reads them (raw little-endian f32)."""
+    shapes = {"prompt_gaussian.bin": (2, hd // 2), "prompt_img_pos.bin": (1, hd, e, e),
+              "prompt_dense.bin": (1, hd, e, e)}
+    return {n: read_table(directory / n, shapes.get(n, (hd,))) for n in TABLE_SHAPES}
+
+
+def compose_tokens(tables: dict[str, torch.Tensor], prompt: Prompt, size: int, tokens: int = TOKENS) -> torch.Tensor:
+    """The sparse tokens ``[1, 1, tokens, Hd]`` of one prompt, from the tables, as upstream's prompt
+    encoder embeds it, padded with not-a-point tokens (which ``decode_tokens`` masks out).
+
+    Points: shifted to pixel centres, normalised by ``size``, Fourier features ``[sin, cos](2 pi
+    (2c - 1) G)``, plus the label's embedding; upstream then appends one not-a-point token. A box:
+    its two corners with the corner embeddings, then one not-a-point token.
+    """
+    gauss, nap = tables["prompt_gaussian.bin"], tables["prompt_not_a_point.bin"]
+
+    def fourier(xy: Sequence[float]) -> torch.Tensor:
+        c = (torch.tensor(xy, dtype=torch.float32) + 0.5) / size
+        f = ((c * 2 - 1) @ gauss) * (2 * math.pi)
+        return torch.cat([torch.sin(f), torch.cos(f)])
+
+    rows: list[torch.Tensor] = []
+    if prompt.box is not None:
+        x1, y1, x2, y2 = prompt.box
+        rows += [fourier((x1, y1)) + tables["prompt_box_tl.bin"], fourier((x2, y2)) + tables["prompt_box_br.bin"]]
+    else:
+        emb = {0: tables["prompt_point_embed_bg.bin"], 1: tables["prompt_point_embed_fg.bin"]}
+        for xy, label in zip(prompt.points, prompt.labels):
+            if label not in emb:
+                raise ValueError(f"prompt {prompt.name!r}: label {label} is not 0 (background) or 1 (foreground)")
+            rows.append(fourier(xy) + emb[label])
+    rows.append(nap)  # upstream's own not-a-point token
+    if len(rows) > tokens:
+        raise ValueError(f"prompt {prompt.name!r} needs {len(rows)} tokens; the decoder program takes {tokens} "
+                         f"(compose larger prompts as several decodes)")
+    rows += [nap] * (tokens - len(rows))
+    return torch.stack(rows).reshape(1, 1, tokens, -1)
+
+
+# -------------------------------------------------------------------------------------- recipe
+
+
+class Sam2Recipe(Recipe):
+    """The encoder/decoder split of seed 002 for a bound SAM 2.1 model (any size, any ``E``)."""
+
+    def __init__(self, model: Any, tokens: int = TOKENS) -> None:
+        self.bound = model
+        self.tokens = tokens
+        self.E, self.Hd = model.generics["E"], model.generics["Hd"]
+        self.size = 16 * self.E
+        loaded = getattr(model, "loaded", None)
+        card = getattr(loaded, "card", None)
+        name = card.name if card is not None else "sam2.1"
+        self.model = f"{name} ({self.size} encoder/decoder split)"
+        self.model_code = (f"Kestrel sam2::Model (kestrel.models.sam2), entries encode_image and decode_tokens; "
+                           f"bound at E = {self.E} (image_size {self.size})")
+        self.differences = [
+            f"input {self.size}x{self.size} (masks {4 * self.E}x{4 * self.E})"
+            + (" instead of 1024x1024 (masks 256x256)" if self.size != 1024 else ""),
+            f"fixed {tokens} prompt tokens per decode: points, box corners, one not-a-point pad, then padding pads "
+            "that the decoder masks out (exactly upstream's prompt for any prompt that fits; larger prompts are "
+            "composed by the site)",
+            "no mask prompt input (dense = no_mask_embed)",
+        ]
+        self.preprocessing = (f"RGB, resize to {self.size}x{self.size} without keeping aspect, /255, ImageNet "
+                              "mean/std")
+        self._programs: list[mf.Program] | None = None
+        self._rewrites: list[str] = []
+
+    # --- programs
+
+    def programs(self) -> list[mf.Program]:
+        if self._programs is not None:
+            return self._programs
+        m, e, hd = self.bound, self.E, self.Hd
+        pixels = preprocess(photo_like(self.size), self.size)
+        enc = Sam2Encoder(m).eval()
+        enc_out = mf.program_outputs(enc, [pixels], ["image_embeddings", "hr0", "hr1"],
+                                     {"image_embeddings": "no_memory_embedding added",
+                                      "hr0": "before mask_decoder.conv_s0", "hr1": "before mask_decoder.conv_s1"})
+        with torch.no_grad():
+            emb, hr0, hr1 = enc(pixels)
+        tables = {n: t for n, (t, _) in prompt_tables(m).items()}
+        sparse = compose_tokens(tables, prompts_for(self.size)[0], self.size, self.tokens)
+        dec_inputs = [emb, tables["prompt_img_pos.bin"], sparse, tables["prompt_dense.bin"].contiguous(), hr0, hr1]
+        dec = Sam2Decoder(m).eval()
+        dec_out = mf.program_outputs(dec, dec_inputs, ["masks", "iou_scores", "object_score_logits"],
+                                     {"masks": "logits, mask tokens 1..3"})
+        names = ["image_embeddings", "image_pe", "sparse", "dense", "hr0", "hr1"]
+        self._programs = [
+            mf.Program("sam2_encoder", enc, [mf.Port("pixels", tuple(pixels.shape))], enc_out, [pixels]),
+            mf.Program("sam2_decoder", dec, [mf.Port(n, tuple(t.shape)) for n, t in zip(names, dec_inputs)],
+                       dec_out, dec_inputs, {"prompt_tokens": self.tokens}),
+        ]
+        del e, hd
+        return self._programs
+
+    def upstream(self) -> dict[str, Any]:
+        row = upstream_of(self.bound)
+        if row.get("official"):
+            row["license"] = "Apache-2.0"
+            row["note"] = "transformers Sam2Model port published by the SAM 2 authors on the Hub; " + row["note"]
+        return row
+
+    def prompt_tables(self) -> dict[str, tuple[torch.Tensor, str]]:
+        return prompt_tables(self.bound)
+
+    def model_rewrites(self) -> list[str]:
+        return list(self._rewrites)
+
+    @contextlib.contextmanager
+    def exporting(self) -> Iterator[None]:
+        """Trace with the Hiera position embedding as a constant: it depends on the weights only
+        (a bicubic resize of the background table plus the tiled window table)."""
+        backbone = getattr(self.bound, "backbone", None)
+        if backbone is None or not hasattr(backbone, "positions"):
+            yield
+            return
+        with torch.no_grad():
+            table = backbone.positions().detach().clone()
+        backbone.register_buffer("_export_positions", table, persistent=False)
+        backbone.positions = lambda: backbone._export_positions  # instance attribute shadows the method
+        note = ("Hiera position embedding (bicubic pos_embed resize + tiled window embedding) for the fixed input "
+                "size computed in eager and stored as a constant")
+        if note not in self._rewrites:
+            self._rewrites.append(note)
+        try:
+            yield
+        finally:
+            del backbone.positions
+            del backbone._export_positions
+
+    # --- validation
+
+    def samples(self) -> list[str]:
+        return [f"photo-like synthetic image {self.size}x{self.size} (kestrel.export.edge_sam2.photo_like, seed 0), "
+                "preprocessed as preprocessing_outside_graph says",
+                *(f"prompt: {p.name}" for p in prompts_for(self.size))]
+
+    def validate(self, runners: dict[str, val.Runner], runtime: str, files: dict[str, str],
+                 out_dir: Path) -> list[dict[str, Any]]:
+        """End to end: the encoder program, then the decoder program on tokens composed from the
+        written tables; against Kestrel eager (same tokens) and transformers ``Sam2Model`` (the
+        unpadded prompt through upstream's own prompt encoder)."""
+        tables = load_tables(out_dir, self.Hd, self.E)
+        pixels = preprocess(photo_like(self.size), self.size)
+        enc_prog, dec_prog = self.programs()
+        emb, hr0, hr1 = runners["sam2_encoder"]([pixels])
+        with torch.no_grad():
+            ref_enc = list(enc_prog.module(pixels))
+        rows = [val.case(files["sam2_encoder"], runtime, self.samples()[0], "kestrel eager",
+                         [o.name for o in enc_prog.outputs], [emb, hr0, hr1], ref_enc)]
+        upstream = transformers_reference(self.bound, self.size)
+        if upstream is not None:
+            ref_emb, ref_hr0, ref_hr1 = upstream.encode(pixels)
+            rows.append(val.case(files["sam2_encoder"], runtime, self.samples()[0], upstream.label,
+                                 ["image_embeddings", "hr0", "hr1"], [emb, hr0, hr1], [ref_emb, ref_hr0, ref_hr1]))
+        for prompt in prompts_for(self.size):
+            sparse = compose_tokens(tables, prompt, self.size, self.tokens)
+            inputs = [emb, tables["prompt_img_pos.bin"], sparse, tables["prompt_dense.bin"], hr0, hr1]
+            got = runners["sam2_decoder"](inputs)
+            names = [o.name for o in dec_prog.outputs]
+            with torch.no_grad():
+                eager = list(dec_prog.module(*inputs))
+            rows.append(val.case(files["sam2_decoder"], runtime, f"prompt: {prompt.name} (after the encoder program)",
+                                 "kestrel eager", names, got, eager, masks=("masks",)))
+            if upstream is not None:
+                rows.append(val.case(files["sam2_decoder"], runtime,
+                                     f"prompt: {prompt.name} (end to end from pixels)", upstream.label,
+                                     names, got, upstream.decode(pixels, prompt), masks=("masks",)))
+        return rows
+
+
+def sam2_recipe(model: Any) -> Sam2Recipe:
+    return Sam2Recipe(model)
+
+
+# --------------------------------------------------------------------------- transformers reference
+
+
+class Upstream:
+    """transformers ``Sam2Model`` loaded from the same directory with ``image_size`` overridden."""
+
+    def __init__(self, ref: Any, size: int, version: str) -> None:
+        self.ref, self.size = ref, size
+        self.label = f"transformers {version} Sam2Model (image_size {size})"
+
+    def encode(self, pixels: torch.Tensor) -> list[torch.Tensor]:
+        with torch.no_grad():
+            fpn = self.ref.vision_encoder(pixels).fpn_hidden_states
+            emb = self.ref.get_image_embeddings(pixels)[-1]
+        return [emb, fpn[0], fpn[1]]
+
+    def decode(self, pixels: torch.Tensor, prompt: Prompt) -> list[torch.Tensor]:
+        kw: dict[str, Any] = {}
+        if prompt.box is not None:
+            kw["input_boxes"] = torch.tensor([[list(prompt.box)]], dtype=torch.float32)
+        else:
+            kw["input_points"] = torch.tensor([[list(map(list, prompt.points))]], dtype=torch.float32)
+            kw["input_labels"] = torch.tensor([[list(prompt.labels)]], dtype=torch.int64)
+        with torch.no_grad():
+            out = self.ref(pixel_values=pixels, multimask_output=True, **kw)
+        masks = out.pred_masks  # [1, 1, 3, 4E, 4E]
+        return [masks.reshape(1, -1, *masks.shape[-2:]), out.iou_scores, out.object_score_logits]
+
+
+def transformers_reference(model: Any, size: int) -> Upstream | None:
+    """The reference for ``model``'s checkpoint directory, or None when transformers is missing."""
+    try:
+        import transformers
+        from transformers import Sam2Config, Sam2Model
+    except ImportError:
+        return None
+    loaded = getattr(model, "loaded", None)
+    if loaded is None:
+        return None
+    import copy
+
+    cfg = copy.deepcopy(loaded.config)
+    s = size // 4
+    cfg.setdefault("vision_config", {}).setdefault("backbone_config", {})["image_size"] = [size, size]
+    cfg["vision_config"]["backbone_feature_sizes"] = [[s, s], [s // 2, s // 2], [s // 4, s // 4]]
+    cfg.setdefault("prompt_encoder_config", {})["image_size"] = size
+    for key in ("architectures", "transformers_version", "model_type"):
+        cfg.pop(key, None)
+    ref = Sam2Model.from_pretrained(str(loaded.directory), config=Sam2Config(**cfg)).eval()
+    return Upstream(ref, size, transformers.__version__)
+
+
+__all__ = [
+    "SDPA_REWRITE",
+    "Sam2Recipe",
+    "compose_tokens",
+    "is_sam2",
+    "photo_like",
+    "preprocess",
+    "prompt_tables",
+    "prompts_for",
+]

@@ -1,0 +1,300 @@
+"""ExecuTorch export: one ``.pte`` program per entry, lowered for WebGPU, XNNPACK or the portable kernels.
+
+>>> vit = kestrel.load("vit-base-patch16-224")
+>>> export_executorch(vit, "out/", target="executorch-webgpu")   # forward.pte, forward_portable.pte, ...
+
+Each program is ``torch.export.export(strict=False)`` of one entry of a bound model (every axis
+fixed), then ``to_edge_transform_and_lower(partitioner=[...])`` and ``to_executorch()``:
+
+- ``webgpu``: ``WebGPUPartitioner()`` (the Vulkan partitioner and serializer behind a WebGPU front);
+  attention is rewritten to the delegate's fused ``et_vk.sdpa`` op first, because torch's own SDPA
+  decomposes into a masked softmax whose ``any``/``mul`` nodes the delegate does not take;
+- ``xnnpack``: ``XnnpackPartitioner()``, for CPUs;
+- ``portable``: no partitioner: ExecuTorch's portable kernels, which ``executorch.runtime`` runs
+  here, so it is the validation artifact for the WebGPU program (no WebGPU runtime on this machine).
+
+:func:`graph_summary` reads the op counts back from the written program: the kernels the runtime
+calls outside any delegate, and per delegate the ops it runs (for the Vulkan/WebGPU delegate the
+operator chain of its serialized graph, ``et_vk.prepack`` included).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import re
+import tempfile
+import warnings
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+BACKENDS = ("webgpu", "xnnpack", "portable")
+
+# one line per backend: what ``manifest.export.partitioner`` says
+PARTITIONERS = {
+    "webgpu": "executorch.backends.webgpu.partitioner.WebGPUPartitioner() (default compile options; wraps "
+              "VulkanPartitioner)",
+    "xnnpack": "executorch.backends.xnnpack.partition.xnnpack_partitioner.XnnpackPartitioner() (default options)",
+    "portable": "none (portable kernels, no delegate)",
+}
+API = ("torch.export.export(strict=False) -> to_edge_transform_and_lower(partitioner=[{p}]) -> to_executorch(), "
+       "one program per module")
+SDPA_REWRITE = "attention via torch.ops.et_vk.sdpa (same math as torch SDPA; checked in validation.json)"
+
+
+class ExecuTorchError(RuntimeError):
+    """A program that could not be exported or lowered, naming the program and the cause."""
+
+
+def require_executorch() -> str:
+    """The installed executorch version; a clear error naming the extra when it is missing."""
+    try:
+        from importlib.metadata import version
+
+        import executorch  # noqa: F401
+    except ImportError:
+        raise ExecuTorchError("the ExecuTorch targets need executorch: pip install 'kestrel[edge]' "
+                              "(executorch==1.5.1 beside torch==2.13.0)") from None
+    return version("executorch")
+
+
+@dataclass
+class Lowered:
+    """One lowered program: the ``.pte`` bytes, what :func:`graph_summary` reads from them, and the
+    graph rewrites actually applied while lowering (with how many nodes each touched)."""
+
+    name: str
+    backend: str
+    buffer: bytes
+    graph: dict[str, Any]
+    rewrites: dict[str, int] = field(default_factory=dict)
+
+
+def lower(module: nn.Module, inputs: Sequence[torch.Tensor], backend: str, name: str = "forward") -> Lowered:
+    """Export ``module(*inputs)`` and lower it for ``backend`` (``webgpu``, ``xnnpack``, ``portable``)."""
+    if backend not in BACKENDS:
+        raise ExecuTorchError(f"{name}: unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+    require_executorch()
+    root_level = logging.getLogger().level
+    from executorch.exir import to_edge_transform_and_lower
+
+    partitioners = _partitioners(backend)
+    logging.getLogger().setLevel(root_level)  # the Vulkan partitioner's import sets the root logger to INFO
+    module = module.eval()
+    with torch.no_grad(), _quiet():
+        try:
+            ep = torch.export.export(module, tuple(inputs), strict=False)
+        except Exception as e:
+            raise ExecuTorchError(f"{name}: torch.export failed: {type(e).__name__}: {_first_line(e)}") from e
+        rewrites: dict[str, int] = {}
+        if backend == "webgpu":
+            n = rewrite_sdpa(ep)
+            if n:
+                rewrites[SDPA_REWRITE] = n
+        try:
+            edge = to_edge_transform_and_lower(ep, partitioner=partitioners)
+            delegate_ops = _edge_delegate_ops(edge)
+            buffer = edge.to_executorch().buffer
+        except Exception as e:
+            raise ExecuTorchError(f"{name}: lowering for {backend} failed: {type(e).__name__}: "
+                                  f"{_first_line(e)}") from e
+    return Lowered(name, backend, bytes(buffer), graph_summary(bytes(buffer), delegate_ops), rewrites)
+
+
+def _partitioners(backend: str) -> list[Any]:
+    if backend == "webgpu":
+        from executorch.backends.webgpu.partitioner import WebGPUPartitioner
+
+        return [WebGPUPartitioner()]
+    if backend == "xnnpack":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        return [XnnpackPartitioner()]
+    return []
+
+
+# ------------------------------------------------------------------------------------ rewrites
+
+
+def rewrite_sdpa(ep: torch.export.ExportedProgram) -> int:
+    """Replace plain ``aten.scaled_dot_product_attention`` nodes by ``et_vk.sdpa`` in place; return how many.
+
+    Only non-causal, dropout-free, non-GQA calls with no mask or an additive float mask qualify
+    (``et_vk.sdpa`` computes ``softmax(q k^T * scale + mask) v``, the same math); others are left.
+    """
+    import executorch.backends.vulkan.custom_ops_lib  # noqa: F401  (registers torch.ops.et_vk.sdpa)
+
+    target = torch.ops.aten.scaled_dot_product_attention.default
+    names = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"]
+    defaults: dict[str, Any] = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None,
+                                "enable_gqa": False}
+    count = 0
+    graph = ep.graph_module.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not target:
+            continue
+        args = {**defaults, **dict(zip(names, node.args)), **node.kwargs}
+        mask = args["attn_mask"]
+        if args["dropout_p"] or args["is_causal"] or args["enable_gqa"]:
+            continue
+        if mask is not None and not (hasattr(mask, "meta") and mask.meta["val"].dtype.is_floating_point):
+            continue
+        with graph.inserting_before(node):
+            new = graph.call_function(torch.ops.et_vk.sdpa.default,
+                                      (args["query"], args["key"], args["value"], mask, args["scale"]))
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        count += 1
+    if count:
+        graph.lint()
+        ep.graph_module.recompile()
+    return count
+
+
+# ------------------------------------------------------------------------------- graph summary
+
+
+def op_name(target: Any) -> str:
+    """``aten.linear.default`` for an aten/edge op overload (the name the Vulkan serializer writes)."""
+    target = getattr(target, "_op", target)
+    return str(target) if isinstance(target, torch._ops.OpOverload) else getattr(target, "__name__", str(target))
+
+
+@dataclass
+class DelegateOps:
+    """One lowered subgraph of the edge program: its ops and its user inputs and outputs."""
+
+    ops: Counter[str]
+    inputs: int
+    outputs: int
+
+
+def _edge_delegate_ops(edge: Any) -> list[DelegateOps]:
+    """Per lowered submodule of the edge program, in call order: the ops of its original graph."""
+    gm = edge.exported_program().graph_module
+    out: list[DelegateOps] = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and getattr(node.target, "__name__", "") == "executorch_call_delegate":
+            original = getattr(gm, node.args[0].target).original_module
+            ops = Counter(op_name(n.target) for n in original.graph.nodes
+                          if n.op == "call_function" and op_name(n.target) != "getitem")
+            sig = original.graph_signature
+            out.append(DelegateOps(ops, len(sig.user_inputs), len(sig.user_outputs)))
+    return out
+
+
+def graph_summary(buffer: bytes, delegate_ops: Sequence[DelegateOps] | None = None) -> dict[str, Any]:
+    """The seed's ``graph`` row of one program, read from its ``.pte`` bytes.
+
+    ``non_delegated_kernels``: kernel calls outside any delegate, by operator (``aten::mul.Scalar_out``);
+    ``delegates``: per delegate call its backend id, its ops (the serialized graph's operator chain
+    for the Vulkan delegate, otherwise the lowered subgraph's ops from ``delegate_ops``), and its
+    number of inputs and outputs; ``io``: the methods and the first method's tensors as stored.
+    """
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    program = deserialize_pte_binary(buffer).program
+    plan = program.execution_plan[0]
+    kernels: Counter[str] = Counter()
+    delegate_calls: list[Any] = []
+    for chain in plan.chains:
+        for ins in chain.instructions:
+            args = ins.instr_args
+            kind = type(args).__name__
+            if kind == "KernelCall":
+                o = plan.operators[args.op_index]
+                kernels[f"{o.name}.{o.overload}" if o.overload else o.name] += 1
+            elif kind == "DelegateCall":
+                delegate_calls.append(args)
+    delegates = []
+    for i, call in enumerate(delegate_calls):
+        d = plan.delegates[call.delegate_index]
+        row: dict[str, Any] = {"id": d.id}
+        vk = _vulkan_graph(program, d) if d.id == "VulkanBackend" else None
+        if vk is not None:
+            row["ops"] = dict(Counter(c["name"] for c in vk.get("chain", [])))
+            row["inputs"] = len(vk.get("input_ids", []))
+            row["outputs"] = len(vk.get("output_ids", []))
+        else:
+            known = delegate_ops[i] if delegate_ops is not None and i < len(delegate_ops) else None
+            row["ops"] = dict(known.ops) if known else None
+            row["inputs"] = known.inputs if known else None
+            row["outputs"] = known.outputs if known else None
+        delegates.append(row)
+    return {
+        "non_delegated_kernels": dict(kernels),
+        "delegates": delegates,
+        "io": {
+            "methods": [p.name for p in program.execution_plan],
+            "inputs": [_tensor_io(plan, i) for i in plan.inputs],
+            "outputs": [_tensor_io(plan, i) for i in plan.outputs],
+        },
+    }
+
+
+def _tensor_io(plan: Any, index: int) -> dict[str, Any]:
+    t = plan.values[index].val
+    if type(t).__name__ != "Tensor":
+        return {"kind": type(t).__name__}
+    return {"shape": list(t.sizes), "dtype": getattr(t.scalar_type, "name", str(t.scalar_type)),
+            "dim_order": list(t.dim_order)}
+
+
+def _vulkan_graph(program: Any, delegate: Any) -> dict[str, Any] | None:
+    """The Vulkan delegate's serialized graph (``VkGraph``) as a dict, decompiled with flatc."""
+    from executorch.backends.vulkan.serialization.vulkan_graph_serialize import extract_vk_flatbuffer
+
+    if int(delegate.processed.location) != 0:  # DataLocation.INLINE: the bytes live in the program
+        return None
+    data = program.backend_delegate_data[delegate.processed.index].data
+    return decompile_vk_graph(extract_vk_flatbuffer(bytes(data)))
+
+
+def decompile_vk_graph(flatbuffer: bytes) -> dict[str, Any]:
+    import importlib.resources
+
+    import executorch.backends.vulkan.serialization as vk_serialization
+    from executorch.exir._serialize._flatbuffer import _flatc_decompile
+
+    with tempfile.TemporaryDirectory() as d:
+        schema = importlib.resources.files(vk_serialization).joinpath("schema.fbs").read_bytes()
+        with open(f"{d}/schema.fbs", "wb") as f:
+            f.write(schema)
+        with open(f"{d}/schema.bin", "wb") as f:
+            f.write(flatbuffer)
+        _flatc_decompile(d, f"{d}/schema.fbs", f"{d}/schema.bin", ["--raw-binary"])
+        with open(f"{d}/schema.json") as f:
+            text = f.read()
+    # flatc writes non-finite doubles (a -inf fill value) as bare words, which JSON has no spelling for
+    text = re.sub(r"(?<=[:\[,]\s)(-?)(inf|nan)\b", r'"\1\2"', text)
+    return json.loads(text)
+
+
+# ---------------------------------------------------------------------------------------- util
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """ExecuTorch's lowering logs every op it cannot take at INFO level and warns a lot: keep it quiet."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        root.setLevel(level)
