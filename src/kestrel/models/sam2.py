@@ -721,10 +721,22 @@ class Model(Block):
         xy = ops.stack([g.unsqueeze(0).expand(e, e), g.unsqueeze(1).expand(e, e)], dim=-1)
         return self._fourier(xy, self.positional_embedding).permute(2, 0, 1).unsqueeze(0)
 
+    def dense_prompt(self) -> "Tensor[1, Hd, E, E; T]":
+        """The dense prompt without a mask prompt: ``no_mask_embed`` at every cell (``decode_tokens``' ``dense``)."""
+        return self.no_mask_embed.reshape(1, self.Hd, 1, 1).expand(1, self.Hd, self.E, self.E)
+
+    def decode_sparse(
+        self, image_embeddings: "Tensor[B, Hd, E, E; T]", hr0: "Tensor[B, Hd, 4 * E, 4 * E; T]",
+        hr1: "Tensor[B, Hd, 2 * E, 2 * E; T]", sparse: "Tensor[B, Pts, N, Hd; T]",
+    ) -> "(Tensor[B, Pts, 4, 4 * E, 4 * E; T], Tensor[B, Pts, 4; T], Tensor[B, Pts, 1; T])":
+        """All four masks, IoU predictions and object-score logits for unpadded sparse prompt tokens
+        (as upstream's prompt encoder gives them; ``sam2_prompts.compose`` with no spare count)."""
+        return self._decode(image_embeddings, hr0, hr1, sparse)
+
     def _decode(self, image_embeddings, hr0, hr1, sparse):
         B, Pts, N, hd = sparse.shape
         e = self.E
-        dense = self.no_mask_embed.reshape(1, hd, 1, 1).expand(B, hd, e, e)
+        dense = self.dense_prompt().expand(B, hd, e, e)
         image_pe = self.image_positions().expand(B, hd, e, e)
         n = 2 + MASK_TOKENS + N
         bias = (ops.arange_like(sparse, n) * 0.0).reshape(1, 1, 1, 1, n).expand(B, Pts, 1, 1, n)  # no padding
