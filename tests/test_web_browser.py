@@ -83,9 +83,10 @@ def server(edge):
 @pytest.fixture(scope="module")
 def reference(edge):
     """Kestrel's Python decode: the same image, the same prompt composer rules, ``decode_tokens``."""
+    from kestrel.pipelines.sam2_processing import preprocess_edge
+
     import kestrel
     from kestrel.pipelines.sam2_prompts import PromptTables, compose_tokens, model_frame
-    from kestrel.pipelines.sam2_processing import preprocess_edge
 
     model_dir, export, image_path = edge
     model = kestrel.load(str(model_dir), E=SIZE // 16)

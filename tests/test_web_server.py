@@ -13,7 +13,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kestrel.web.server import App, ServeError, check_upload, make_server, pack_tensors, require_loopback, serve_in_thread
+from kestrel.web.server import (
+    App,
+    ServeError,
+    check_upload,
+    make_server,
+    pack_tensors,
+    require_loopback,
+    serve_in_thread,
+)
 
 
 @pytest.fixture()
@@ -149,7 +157,7 @@ def test_manifest_naming_a_file_outside_is_refused(export_dir, vendor):
 
 
 def test_missing_export_or_runtime_is_a_clear_error(tmp_path, export_dir, vendor):
-    with pytest.raises(ServeError, match="no manifest.json"):
+    with pytest.raises(ServeError, match=r"no manifest\.json"):
         App(export_dir=tmp_path / "nowhere", vendor_dir=vendor)
     with pytest.raises(ServeError, match="onnxruntime-web is not installed"):
         App(export_dir=export_dir, vendor_dir=tmp_path / "nowhere")
