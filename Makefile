@@ -6,7 +6,15 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run test slow bench lint clean
+# onnxruntime-web for `kestrel serve`'s page, from the npm registry (package-lock.json pins it)
+WEB    := web/node_modules/.package-lock.json
+
+.PHONY: setup web run test slow bench lint clean
+
+$(WEB): web/package.json web/package-lock.json
+	cd web && npm ci --no-audit --no-fund --loglevel=error
+
+web: $(WEB)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +28,7 @@ run: $(STAMP)
 	$(BIN)/kestrel check
 	$(BIN)/kestrel inspect --all
 
-test: $(STAMP)
+test: $(STAMP) $(WEB)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/python -m pytest -q
 
@@ -34,4 +42,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info
+	rm -rf $(VENV) build src/*.egg-info web/node_modules
