@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import models, tasks
+from . import models, serve, tasks
 
 EPILOG = """examples:
   kestrel check                                  type-check every model, no weights needed
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     models.add_parsers(sub)
     tasks.add_parsers(sub)
+    serve.add_parsers(sub)
     return parser
 
 
@@ -59,6 +60,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         from ..export.onnx import ExportError
 
         errors.append(ExportError)
+        from ..web.server import ServeError
+
+        errors.append(ServeError)
     except ImportError:
         pass
     from ..export.executorch import ExecuTorchError

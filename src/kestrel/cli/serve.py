@@ -34,18 +34,22 @@ def vendor_dir() -> Path:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from ..web.server import App, ServeError, make_server
+    from ..web.server import App, ServeError, make_server, require_loopback
 
+    require_loopback(args.host)
     if args.export is None and args.model is None:
         raise ServeError("give --export DIR (a `kestrel export --target onnx` folder) or --model NAME|DIR")
-    export = Path(args.export) if args.export else _exported(args)
-    encoder = _server_encoder(args) if args.encode == "server" else None
+    if args.encode == "server" and args.model is None:
+        raise ServeError("--encode server needs --model NAME|DIR to encode with")
+    model = _load(args) if args.model is not None else None
+    export = Path(args.export) if args.export else cached_edge_export(model, args.size)
+    encoder = server_encoder(model) if args.encode == "server" else None
     app = App(export_dir=export, vendor_dir=vendor_dir(), encode=args.encode, encoder=encoder,
               max_upload_bytes=args.max_upload_mb * 1024 * 1024, max_upload_pixels=args.max_upload_pixels)
     server = make_server(app, args.host, args.port)
     host, port = server.server_address[:2]
     url = f"http://{host if ':' not in host else f'[{host}]'}:{port}/"
-    print(f"kestrel serve: {url}  (export {export}, encoder in the {args.encode}; Ctrl-C stops)", flush=True)
+    print(f"kestrel serve: {url}  (export {export}; encoder in the {args.encode}; Ctrl-C stops)", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -55,21 +59,49 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _exported(args: argparse.Namespace) -> Path:
-    """Export ``--model`` once into the user's cache (keyed by the model and its weights) and reuse it."""
-    from ..export.edge_sam2 import cached_edge_export
+def _load(args: argparse.Namespace):
+    from ..runtime.load import load
 
-    return cached_edge_export(args.model, weights=args.weights, size=args.size, target="onnx")
+    return load(args.model, weights=args.weights, E=args.size // 16)
 
 
-def _server_encoder(args: argparse.Namespace):
-    from ..pipelines.sam2_edge import EdgeEncoder
+def cached_edge_export(model, size: int) -> Path:
+    """The ONNX edge split of ``model``, exported once into Kestrel's cache and reused.
 
-    if args.model is None:
-        from ..web.server import ServeError
+    The key covers what the programs depend on: the checkpoint (card and revision, or the directory
+    and its files' sizes and times), the input size and the Kestrel version.
+    """
+    import hashlib
+    import json
 
-        raise ServeError("--encode server needs --model NAME|DIR to encode with")
-    return EdgeEncoder.load(args.model, weights=args.weights, size=args.size)
+    from .. import __version__
+    from ..export.edge import export_edge
+    from ..runtime.cache import cache_dir
+
+    loaded = model.loaded
+    files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in loaded.directory.glob("*.safetensors"))
+    key = json.dumps({"name": loaded.name, "revision": loaded.card.revision if loaded.card else None,
+                      "directory": str(loaded.directory.resolve()), "files": files, "size": size,
+                      "kestrel": __version__}, sort_keys=True)
+    out = cache_dir("edge", f"{loaded.name}-{size}-{hashlib.sha256(key.encode()).hexdigest()[:16]}")
+    if not (out / "manifest.json").is_file():
+        print(f"exporting {loaded.name} at {size} px for the page (once; cached in {out})", flush=True)
+        export_edge(model, out, "onnx", validate=False, progress=lambda msg: print(f"  {msg}", flush=True))
+    return out
+
+
+def server_encoder(model):
+    """PIL image -> the encoder program's outputs, computed by Kestrel here (``--encode server``)."""
+    from ..pipelines.sam2_segment import Sam2Segmenter
+
+    segmenter = Sam2Segmenter(model)
+
+    def encode(image) -> dict:
+        emb = segmenter.encode(image)
+        return {"image_embeddings": emb.embedding.float().numpy(), "hr0": emb.hr0.float().numpy(),
+                "hr1": emb.hr1.float().numpy()}
+
+    return encode
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
