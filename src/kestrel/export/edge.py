@@ -217,6 +217,7 @@ def _export(recipe: Recipe, tmp: Path, target: str, say: Callable[[str], None], 
     graph: dict[str, Any] = {}
     rewrites: dict[str, int] = {}
     files: dict[str, dict[str, str]] = {}  # backend -> stem -> file
+    rewrite_cases: list[dict[str, Any]] = []
     programs = recipe.programs()
     with recipe.exporting():
         for backend in backends:
@@ -233,6 +234,11 @@ def _export(recipe: Recipe, tmp: Path, target: str, say: Callable[[str], None], 
                     summary = lowered.graph
                     for r, n in lowered.rewrites.items():
                         rewrites[r] = rewrites.get(r, 0) + n
+                    if lowered.rewritten_outputs is not None and lowered.module_outputs is not None:
+                        rewrite_cases.append(val.case(
+                            name, "torch eager of the rewritten graph (et_vk.sdpa reference kernel)",
+                            "the program's example inputs", "kestrel eager", [o.name for o in p.outputs],
+                            lowered.rewritten_outputs, lowered.module_outputs))
                 summary["io_contract"] = mf.io_contract(p, summary["io"])
                 graph[p.stem if backend == primary else p.stem + SUFFIX[backend].rsplit(".", 1)[0]] = summary
                 files[backend][p.stem] = name
@@ -246,7 +252,7 @@ def _export(recipe: Recipe, tmp: Path, target: str, say: Callable[[str], None], 
         written.append(name)
 
     if validate:
-        cases = []
+        cases = list(rewrite_cases)
         for backend in backends:
             if backend not in RUNTIMES:
                 continue  # the WebGPU program needs a browser; its portable twin is validated

@@ -120,7 +120,7 @@ def preprocess(image: torch.Tensor, size: int) -> torch.Tensor:
     x = x / 255.0
     mean = torch.tensor(IMAGENET_MEAN).reshape(1, 3, 1, 1)
     std = torch.tensor(IMAGENET_STD).reshape(1, 3, 1, 1)
-    return (x - mean) / std
+    return ((x - mean) / std).contiguous()
 
 
 # --------------------------------------------------------------------------------- prompt tables
@@ -285,7 +285,7 @@ class Sam2Recipe(Recipe):
             return
         with torch.no_grad():
             table = backbone.positions().detach().clone()
-        backbone.register_buffer("_export_positions", table, persistent=False)
+        backbone.register_buffer("_export_positions", table)
         backbone.positions = lambda: backbone._export_positions  # instance attribute shadows the method
         note = ("Hiera position embedding (bicubic pos_embed resize + tiled window embedding) for the fixed input "
                 "size computed in eager and stored as a constant")

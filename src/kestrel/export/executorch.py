@@ -75,6 +75,10 @@ class Lowered:
     buffer: bytes
     graph: dict[str, Any]
     rewrites: dict[str, int] = field(default_factory=dict)
+    # the rewritten graph run in torch eager (et_vk.sdpa's reference kernel) on the example inputs,
+    # beside the module's own outputs: what checks the rewrites, since no WebGPU runtime runs here
+    rewritten_outputs: list[torch.Tensor] | None = None
+    module_outputs: list[torch.Tensor] | None = None
 
 
 def lower(module: nn.Module, inputs: Sequence[torch.Tensor], backend: str, name: str = "forward") -> Lowered:
@@ -90,14 +94,18 @@ def lower(module: nn.Module, inputs: Sequence[torch.Tensor], backend: str, name:
     module = module.eval()
     with torch.no_grad(), _quiet():
         try:
-            ep = torch.export.export(module, tuple(inputs), strict=False)
+            # contiguous examples: the program's inputs keep the examples' dim order
+            ep = torch.export.export(module, tuple(t.contiguous() for t in inputs), strict=False)
         except Exception as e:
             raise ExecuTorchError(f"{name}: torch.export failed: {type(e).__name__}: {_first_line(e)}") from e
         rewrites: dict[str, int] = {}
+        checked: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         if backend == "webgpu":
             n = rewrite_sdpa(ep)
             if n:
                 rewrites[SDPA_REWRITE] = n
+                examples = [t.contiguous() for t in inputs]
+                checked = (_as_list(ep.module()(*examples)), _as_list(module(*examples)))
         try:
             edge = to_edge_transform_and_lower(ep, partitioner=partitioners)
             delegate_ops = _edge_delegate_ops(edge)
@@ -105,7 +113,12 @@ def lower(module: nn.Module, inputs: Sequence[torch.Tensor], backend: str, name:
         except Exception as e:
             raise ExecuTorchError(f"{name}: lowering for {backend} failed: {type(e).__name__}: "
                                   f"{_first_line(e)}") from e
-    return Lowered(name, backend, bytes(buffer), graph_summary(bytes(buffer), delegate_ops), rewrites)
+    return Lowered(name, backend, bytes(buffer), graph_summary(bytes(buffer), delegate_ops), rewrites,
+                   *(checked or (None, None)))
+
+
+def _as_list(out: Any) -> list[torch.Tensor]:
+    return [t.detach() for t in out] if isinstance(out, (tuple, list)) else [out.detach()]
 
 
 def _partitioners(backend: str) -> list[Any]:

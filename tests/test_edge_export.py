@@ -1,0 +1,226 @@
+"""The edge split of seed 002: ``kestrel export DIR --target executorch-webgpu --size 512``.
+
+One small SAM 2.1 checkpoint (Hiera-tiny's layout at small widths, random weights, saved by
+transformers) is exported once through the CLI; the tests read what it wrote: the seed's file set,
+the manifest's structure against the seed's, hashes recomputed, op counts read back, the portable
+programs' numbers against Kestrel eager and transformers, and the decoder's padding invariance.
+The real Hiera-tiny widths run under ``-m slow``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("executorch", reason="the ExecuTorch targets need the edge extra: pip install 'kestrel[edge]'")
+transformers = pytest.importorskip("transformers")
+
+import kestrel  # noqa: E402
+from kestrel.cli.main import main  # noqa: E402
+from kestrel.export import edge_sam2  # noqa: E402
+from kestrel.export.edge import read_table  # noqa: E402
+from kestrel.export.validation import pte_runner  # noqa: E402
+from seeds import SEEDS  # noqa: E402
+
+SIZE = 512
+TOL = 1e-4
+
+
+def seed_manifest() -> dict | None:
+    """Seed 002 parsed (the table bars stripped), or None when ../shared is not beside the clone."""
+    paths = sorted(SEEDS.glob("002_*.txt")) if SEEDS.is_dir() else []
+    if not paths:
+        return None
+    lines = paths[0].read_text().splitlines()
+    return json.loads("\n".join(line.strip()[1:-1] if line.strip().startswith("|") else line for line in lines))
+
+
+def small_checkpoint(directory: Path, hd: int = 32, seed: int = 0) -> Path:
+    """A transformers Sam2Model at small widths, Hiera-tiny's stage layout, every weight random."""
+    config = transformers.Sam2Config(
+        vision_config=dict(backbone_config=dict(
+            model_type="sam2_hiera_det_model", hidden_size=16, embed_dim_per_stage=[16, 32, 64, 128],
+            num_attention_heads_per_stage=[1, 2, 2, 4], blocks_per_stage=[1, 2, 7, 2],
+            window_size_per_stage=[8, 4, 14, 7], global_attention_blocks=[5, 7, 9],
+            window_positional_embedding_background_size=[7, 7]),
+            backbone_channel_list=[128, 64, 32, 16], fpn_hidden_size=hd),
+        prompt_encoder_config=dict(hidden_size=hd),
+        mask_decoder_config=dict(hidden_size=hd, num_attention_heads=2, mlp_dim=64, iou_head_hidden_dim=hd))
+    torch.manual_seed(seed)
+    ref = transformers.Sam2Model(config).eval()
+    with torch.no_grad():  # upstream zero-initialises some tables: make every number count
+        for name, p in ref.named_parameters():
+            if name.endswith(("pos_embed", "pos_embed_window", "no_memory_embedding")):
+                p.normal_(0, 0.5)
+            elif p.dim() >= 2:
+                p.normal_(0, p[0].numel() ** -0.5)
+            elif name.endswith("bias"):
+                p.normal_(0, 0.02)
+        for name, b in ref.named_buffers():
+            if name.endswith("positional_embedding"):
+                b.normal_(0, 1.0)
+    ref.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory) -> Path:
+    ckpt = small_checkpoint(tmp_path_factory.mktemp("sam2_small"))
+    out = tmp_path_factory.mktemp("sam2_edge")
+    assert main(["export", str(ckpt), "--target", "executorch-webgpu", "--size", str(SIZE), "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def manifest(export_dir) -> dict:
+    return json.loads((export_dir / "manifest.json").read_text())
+
+
+def structure_mismatches(seed, ours, path: str = "") -> list[str]:
+    """Every key of ``seed`` present in ``ours`` with the same JSON type, recursively (list items
+    against the seed's first item); returns what differs."""
+    out: list[str] = []
+    if isinstance(seed, dict):
+        if not isinstance(ours, dict):
+            return [f"{path}: object expected, got {type(ours).__name__}"]
+        for k, v in seed.items():
+            if k not in ours:
+                out.append(f"{path}.{k}: missing")
+            else:
+                out += structure_mismatches(v, ours[k], f"{path}.{k}")
+    elif isinstance(seed, list):
+        if not isinstance(ours, list):
+            return [f"{path}: array expected, got {type(ours).__name__}"]
+        if seed and ours:
+            for i, item in enumerate(ours):
+                out += structure_mismatches(seed[0], item, f"{path}[{i}]")
+    elif isinstance(seed, bool) or isinstance(ours, bool):
+        if type(seed) is not type(ours):
+            out.append(f"{path}: {type(seed).__name__} expected, got {type(ours).__name__}")
+    elif isinstance(seed, (int, float)):
+        if not isinstance(ours, (int, float)):
+            out.append(f"{path}: number expected, got {type(ours).__name__}")
+    elif type(seed) is not type(ours):
+        out.append(f"{path}: {type(seed).__name__} expected, got {type(ours).__name__}")
+    return out
+
+
+def test_structure_helper_catches_differences():
+    seed = {"a": {"b": [{"c": 1}]}, "d": "x"}
+    assert structure_mismatches(seed, {"a": {"b": [{"c": 2.5}]}, "d": "y", "extra": 1}) == []
+    assert structure_mismatches(seed, {"a": {"b": [{"c": "1"}]}}) == [".a.b[0].c: number expected, got str",
+                                                                       ".d: missing"]
+
+
+def test_manifest_has_every_key_of_the_seed(manifest):
+    seed = seed_manifest()
+    if seed is None:
+        pytest.skip("seed 002 is not beside the clone (../shared/seeds)")
+    assert structure_mismatches(seed, manifest) == []
+    # the file-named tables carry the seed's names
+    for key in ("programs", "prompt_tables", "prompt_table_sources"):
+        assert set(manifest["export"][key]) == set(seed["export"][key]), key
+    assert set(manifest["files"]) == set(seed["files"])
+    assert set(manifest["graph"]) >= set(seed["graph"])
+
+
+def test_file_set_and_hashes(export_dir, manifest):
+    written = sorted(p.name for p in export_dir.iterdir())
+    assert written == sorted([*manifest["files"], "manifest.json", "validation.json"])
+    for name, row in manifest["files"].items():
+        data = (export_dir / name).read_bytes()
+        assert row["bytes"] == len(data), name
+        assert row["sha256"] == hashlib.sha256(data).hexdigest(), name
+    for name in ("sam2_encoder_portable.pte", "sam2_decoder_portable.pte"):
+        assert "not for release" in manifest["files"][name]["note"]
+
+
+def test_programs_and_tables_as_declared(export_dir, manifest):
+    e, hd = SIZE // 16, 32
+    progs = manifest["export"]["programs"]
+    enc, dec = progs["sam2_encoder.pte"], progs["sam2_decoder.pte"]
+    assert [(p["name"], p["shape"]) for p in enc["inputs"]] == [("pixels", [1, 3, SIZE, SIZE])]
+    assert [(p["name"], p["shape"]) for p in enc["outputs"]] == [
+        ("image_embeddings", [1, hd, e, e]), ("hr0", [1, hd, 4 * e, 4 * e]), ("hr1", [1, hd, 2 * e, 2 * e])]
+    assert dec["prompt_tokens"] == 3
+    assert [p["name"] for p in dec["inputs"]] == ["image_embeddings", "image_pe", "sparse", "dense", "hr0", "hr1"]
+    assert [(p["name"], p["shape"]) for p in dec["outputs"]] == [
+        ("masks", [1, 3, 4 * e, 4 * e]), ("iou_scores", [1, 1, 3]), ("object_score_logits", [1, 1, 1])]
+    model = kestrel.load(manifest["upstream"]["model"], E=e)
+    tables = {n: t for n, (t, _) in edge_sam2.prompt_tables(model).items()}
+    for name, row in manifest["export"]["prompt_tables"].items():
+        got = read_table(export_dir / name, row["shape"])
+        assert torch.equal(got, tables[name].reshape(row["shape"])), name
+    assert torch.equal(read_table(export_dir / "prompt_not_a_point.bin", [hd]), model.not_a_point_embed[0])
+    for name, summary in manifest["graph"].items():
+        assert summary["io_contract"].startswith("matches"), (name, summary["io_contract"])
+
+
+def test_op_counts_read_back(manifest):
+    """The WebGPU programs' op counts come from the serialized Vulkan graph; the portable ones run
+    every op as a portable kernel. Whatever did not delegate is named, never hidden."""
+    for stem in ("sam2_encoder", "sam2_decoder"):
+        web, portable = manifest["graph"][stem], manifest["graph"][f"{stem}_portable"]
+        assert portable["delegates"] == [] and sum(portable["non_delegated_kernels"].values()) > 50
+        assert web["delegates"] and all(d["id"] == "VulkanBackend" for d in web["delegates"])
+        ops = op_totals(d["ops"] for d in web["delegates"])
+        assert ops["aten.convolution.default"] >= (5 if stem == "sam2_encoder" else 4)
+        assert ops["et_vk.sdpa.default"] == (12 if stem == "sam2_encoder" else 7)  # every attention rewritten
+    rewrites = manifest["export"]["graph_rewrites"]
+    assert any(r.startswith("attention via torch.ops.et_vk.sdpa") and r.endswith("(19 nodes)") for r in rewrites)
+
+
+def op_totals(rows) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for row in rows:
+        for k, v in row.items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+def test_validation_numbers(export_dir):
+    report = json.loads((export_dir / "validation.json").read_text())
+    assert report["summary"]["passed"], report["summary"]
+    refs = {c["reference"].split(" ")[0] for c in report["cases"]}
+    assert refs == {"kestrel", "transformers"}
+    decodes = [c for c in report["cases"] if c["program"] == "sam2_decoder_portable.pte"]
+    assert len(decodes) == 2 * len(edge_sam2.prompts_for(SIZE))
+    for c in report["cases"]:
+        for name, o in c["outputs"].items():
+            assert o["relative"] <= TOL, (c["program"], c["reference"], name, o)
+            if name == "masks":
+                assert o["mask_iou"] >= 0.99
+                assert o["max_abs_reference"] > 0
+
+
+def test_decoder_program_padding_invariance(export_dir, manifest):
+    """One point padded to three tokens through the portable program equals Kestrel's
+    ``decode_tokens`` on the unpadded two tokens (the point and upstream's not-a-point)."""
+    e = SIZE // 16
+    model = kestrel.load(manifest["upstream"]["model"], E=e)
+    tables = edge_sam2.load_tables(export_dir, 32, e)
+    prompt = edge_sam2.Prompt("p", ((100.0, 300.0),), (1,))
+    padded = edge_sam2.compose_tokens(tables, prompt, SIZE, 3)
+    unpadded = edge_sam2.compose_tokens(tables, prompt, SIZE, 2)
+    assert torch.equal(padded[:, :, :2], unpadded)
+    pixels = edge_sam2.preprocess(edge_sam2.photo_like(SIZE, seed=5), SIZE)
+    with torch.no_grad():
+        emb, hr0, hr1 = model.encode_image(pixels)
+        pe, dense = tables["prompt_img_pos.bin"], tables["prompt_dense.bin"]
+        want = model.decode_tokens(emb, pe, unpadded, dense, hr0, hr1)
+    got = pte_runner(export_dir / "sam2_decoder_portable.pte")([emb, pe, padded, dense, hr0, hr1])
+    masks = want[0].reshape(1, 3, 4 * e, 4 * e)
+    for a, b in zip(got, [masks, want[1], want[2]]):
+        assert float((a - b).abs().max()) <= TOL * float(b.abs().max())
+
+
+def test_compose_rejects_a_prompt_that_does_not_fit():
+    tables = {"prompt_gaussian.bin": torch.randn(2, 4), "prompt_not_a_point.bin": torch.zeros(8),
+              "prompt_point_embed_fg.bin": torch.ones(8), "prompt_point_embed_bg.bin": torch.ones(8)}
+    prompt = edge_sam2.Prompt("three points", ((1.0, 2.0),) * 3, (1, 1, 0))
+    with pytest.raises(ValueError, match="needs 4 tokens; the decoder program takes 3"):
+        edge_sam2.compose_tokens(tables, prompt, 64)
