@@ -10,7 +10,10 @@ STAMP  := $(VENV)/.installed
 # what the diagrams, the site and its browser tests use from the system (Debian packages):
 # graphviz lays the graphs out, chromium runs the browser tests, fonts-dejavu-core sets their labels
 
-.PHONY: setup system run site test slow bench lint clean
+# onnxruntime-web for `kestrel serve`'s page, from the npm registry (package-lock.json pins it)
+WEB    := web/node_modules/.package-lock.json
+
+.PHONY: setup system web run site test slow bench lint clean
 
 # installs only what is missing; as root with apt (CI, these machines), else through sudo, else says what to install
 system:
@@ -28,18 +31,23 @@ system:
 	  else echo "warning: install$$missing for diagrams and the browser tests (Debian: apt-get install$$missing)"; fi; \
 	fi
 
+$(WEB): web/package.json web/package-lock.json
+	cd web && npm ci --no-audit --no-fund --loglevel=error
+
+web: $(WEB)
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-setup: system $(STAMP)
+setup: system $(STAMP) $(WEB)
 
 run: system $(STAMP)
 	$(BIN)/kestrel inspect
 
-test: system $(STAMP)
+test: system $(STAMP) $(WEB)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/python -m pytest -q
 
@@ -56,4 +64,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
 
 clean:
-	rm -rf $(VENV) build site src/*.egg-info
+	rm -rf $(VENV) build site src/*.egg-info web/node_modules

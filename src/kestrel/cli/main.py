@@ -14,7 +14,7 @@ import sys
 from typing import NoReturn
 
 from ..errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, KestrelError
-from . import doctor, models, segment, site, tasks
+from . import doctor, models, segment, serve, site, tasks
 
 EPILOG = """examples:
   kestrel check                                  type-check every model, no weights needed
@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     tasks.add_parsers(sub)
     site.add_parsers(sub)
     segment.add_parser(sub)
+    serve.add_parsers(sub)
     doctor.add_parsers(sub)
     for p in {id(p): p for p in sub.choices.values()}.values():  # `kestrel CMD ... --debug` too
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)

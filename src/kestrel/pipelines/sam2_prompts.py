@@ -58,11 +58,16 @@ class PromptTables:
 
 
 def fourier(tables: PromptTables, pixels: torch.Tensor) -> torch.Tensor:
-    """Fourier features ``[..., Hd]`` of pixel coordinates ``[..., 2]`` (x, y) in the model input."""
-    c = (pixels + 0.5) / tables.image_size
-    c = (2 * c - 1) @ tables.gaussian
-    c = 2 * math.pi * c
-    return torch.cat([torch.sin(c), torch.cos(c)], dim=-1)
+    """Fourier features ``[..., Hd]`` of pixel coordinates ``[..., 2]`` (x, y) in the model input.
+
+    Computed in float64, term by term, and rounded to float32 once: the page's composer
+    (``web/static/composer.js``) does the same arithmetic in JavaScript, so the two agree bit for bit
+    (and both stay within float32 rounding of upstream's float32 computation).
+    """
+    c = 2 * ((pixels.double() + 0.5) / tables.image_size) - 1
+    g = tables.gaussian.double()
+    angle = 2 * math.pi * (c[..., 0:1] * g[0] + c[..., 1:2] * g[1])
+    return torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1).float()
 
 
 def compose(tables: PromptTables, points: Sequence[Point] = (), labels: Sequence[int] = (),
@@ -83,14 +88,14 @@ def compose(tables: PromptTables, points: Sequence[Point] = (), labels: Sequence
     nap = tables.not_a_point
     tokens: list[torch.Tensor] = []
     if points:
-        emb = fourier(tables, torch.tensor(points, dtype=torch.float32))
+        emb = fourier(tables, torch.tensor(points, dtype=torch.float64))
         kinds = [tables.point_embed_fg if lab == 1 else tables.point_embed_bg for lab in labels]
         tokens += [e + k for e, k in zip(emb, kinds)]
         if box is None:
             tokens.append(nap)
     if box is not None:
         x1, y1, x2, y2 = box
-        corners = fourier(tables, torch.tensor([[x1, y1], [x2, y2]], dtype=torch.float32))
+        corners = fourier(tables, torch.tensor([[x1, y1], [x2, y2]], dtype=torch.float64))
         tokens += [corners[0] + tables.box_tl, corners[1] + tables.box_br, nap]
     if len(tokens) > count:
         raise PromptError(f"this prompt needs {len(tokens)} tokens ({len(points)} points"

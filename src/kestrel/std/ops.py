@@ -487,6 +487,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     if mask is not None:
         bias = (bias if bias is not None else 0) + torch.zeros_like(mask, dtype=q.dtype).masked_fill(
             ~mask, float("-inf"))
+    if q.dim() > 4:  # exporters (ONNX) take 4-D attention: fold the leading axes into one batch
+        lead = q.shape[:-3]
+        if bias is not None:
+            bias = bias.reshape((1,) * (q.dim() - bias.dim()) + tuple(bias.shape))
+            bias = bias.expand(*lead, *bias.shape[-3:]).reshape(-1, *bias.shape[-3:])
+        out = F.scaled_dot_product_attention(q.reshape(-1, *q.shape[-3:]), k.reshape(-1, *k.shape[-3:]),
+                                             v.reshape(-1, *v.shape[-3:]), attn_mask=bias, scale=scale)
+        return out.reshape(*lead, *out.shape[-3:])
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
 
 

@@ -1,0 +1,339 @@
+// kestrel serve: segment in the page with SAM 2.1's edge split (seed 002).
+//
+// Once per image the encoder runs (here with onnxruntime-web, WebGPU when the browser has it and
+// WASM otherwise, or on the server with `--encode server`); every click, shift-click and dragged
+// box then composes prompt tokens from the prompt tables (composer.js) and runs only the small
+// decoder in the page. Every file is checked against the export manifest's sha256 before use.
+
+import * as ort from '/vendor/ort.all.min.mjs';
+import { composeTokens, fitPrompt, toModelFrame, FOREGROUND, BACKGROUND } from '/static/composer.js';
+import { normalize, resizeBilinear } from '/static/pixels.js';
+
+const TABLES = {
+  gaussian: 'prompt_gaussian.bin', point_fg: 'prompt_point_embed_fg.bin', point_bg: 'prompt_point_embed_bg.bin',
+  box_tl: 'prompt_box_tl.bin', box_br: 'prompt_box_br.bin', not_a_point: 'prompt_not_a_point.bin',
+  image_pe: 'prompt_img_pos.bin', dense: 'prompt_dense.bin',
+};
+const IMAGENET = { mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225], rescale: 1 / 255 };
+const DRAG_PIXELS = 5;
+
+const $ = (id) => document.getElementById(id);
+const state = {
+  config: null, manifest: null, size: 512, tokens: 3, backend: null, tables: null,
+  encoder: null, decoder: null, image: null, width: 0, height: 0, features: null,
+  history: [], prompt: { points: [], box: null }, decode: null, encodeMs: null, decodeMs: [],
+};
+window.kestrel = state;  // read by the browser tests
+
+function status(text, kind = '') {
+  const el = $('status');
+  el.textContent = text;
+  el.className = kind;
+}
+
+async function sha256Hex(buffer) {
+  const digest = await crypto.subtle.digest('SHA-256', buffer);
+  return [...new Uint8Array(digest)].map((b) => b.toString(16).padStart(2, '0')).join('');
+}
+
+// Fetch a file the manifest lists and check its sha256 and size against the manifest.
+async function verified(name) {
+  const entry = state.manifest.files[name];
+  if (!entry) throw new Error(`the export manifest does not list ${name}`);
+  const response = await fetch(`/export/${encodeURIComponent(name)}`);
+  if (!response.ok) throw new Error(`${name}: HTTP ${response.status}`);
+  const buffer = await response.arrayBuffer();
+  const digest = await sha256Hex(buffer);
+  if (digest !== entry.sha256 || (entry.bytes !== undefined && buffer.byteLength !== entry.bytes)) {
+    throw new Error(`${name}: sha256 ${digest} (${buffer.byteLength} bytes) does not match the manifest's ` +
+                    `${entry.sha256} (${entry.bytes} bytes); the export was changed after it was written`);
+  }
+  return buffer;
+}
+
+// The ONNX program of a role ("encoder" or "decoder") in the manifest's programs.
+function program(role) {
+  const programs = state.manifest.export.programs;
+  const name = Object.keys(programs).find((k) => k.endsWith('.onnx') && k.includes(role));
+  if (!name) throw new Error(`the export has no ONNX ${role} program; export it with --target onnx`);
+  return { name, spec: programs[name] };
+}
+
+async function chooseBackend() {
+  const wanted = new URLSearchParams(location.search).get('backend');
+  if (wanted === 'wasm') return 'wasm';
+  const gpu = navigator.gpu && (await navigator.gpu.requestAdapter().catch(() => null));
+  if (wanted === 'webgpu' && !gpu) throw new Error('backend=webgpu was asked for, but this browser has no WebGPU adapter');
+  return gpu ? 'webgpu' : 'wasm';
+}
+
+async function session(name) {
+  const bytes = await verified(name);
+  return ort.InferenceSession.create(bytes, { executionProviders: [state.backend] });
+}
+
+async function start() {
+  ort.env.wasm.wasmPaths = '/vendor/';
+  ort.env.wasm.numThreads = self.crossOriginIsolated ? Math.min(4, navigator.hardwareConcurrency || 1) : 1;
+  state.config = await (await fetch('/api/config')).json();
+  state.manifest = await (await fetch(state.config.manifest)).json();
+  const decoder = program('decoder');
+  state.tokens = decoder.spec.prompt_tokens ?? state.manifest.export.prompt_tokens;
+  state.size = program('encoder').spec.inputs[0].shape[2];
+  state.backend = await chooseBackend();
+  $('model').textContent = `${state.manifest.model} · decoder on ${state.backend}` +
+    (state.config.encode === 'server' ? ' · encoder on the server' : ` · encoder on ${state.backend}`);
+  status('checking the export and loading the decoder…');
+  const tables = {};
+  for (const [key, file] of Object.entries(TABLES)) tables[key] = new Float32Array(await verified(file));
+  state.tables = tables;
+  state.decoder = await session(decoder.name);
+  if (state.config.encode === 'page') {
+    status('loading the encoder…');
+    state.encoder = await session(program('encoder').name);
+  }
+  status('open or drop an image');
+  $('open').disabled = false;
+}
+
+// ---- images -----------------------------------------------------------------------------------
+
+async function openImage(file) {
+  const bitmap = await createImageBitmap(file, { colorSpaceConversion: 'none', premultiplyAlpha: 'none' });
+  const canvas = $('image');
+  canvas.width = bitmap.width;
+  canvas.height = bitmap.height;
+  $('overlay').width = bitmap.width;
+  $('overlay').height = bitmap.height;
+  const ctx = canvas.getContext('2d', { willReadFrequently: true });
+  ctx.drawImage(bitmap, 0, 0);
+  state.width = bitmap.width;
+  state.height = bitmap.height;
+  state.image = file;
+  state.prompt = { points: [], box: null };
+  state.history = [];
+  state.decode = null;
+  draw();
+  status('encoding…');
+  const t0 = performance.now();
+  state.features = state.config.encode === 'server' ? await encodeOnServer(file) : await encodeInPage(ctx);
+  state.encodeMs = performance.now() - t0;
+  status(`encoded in ${state.encodeMs.toFixed(0)} ms: click (foreground), shift-click (background) or drag a box`);
+}
+
+async function encodeInPage(ctx) {
+  const rgba = ctx.getImageData(0, 0, state.width, state.height).data;
+  const size = state.size;
+  const pixels = normalize(resizeBilinear(rgba, state.width, state.height, size, size), size, IMAGENET);
+  const input = state.encoder.inputNames[0];
+  const out = await state.encoder.run({ [input]: new ort.Tensor('float32', pixels, [1, 3, size, size]) });
+  const [embeddings, hr0, hr1] = state.encoder.outputNames.map((n) => out[n]);
+  return { image_embeddings: embeddings, hr0, hr1 };
+}
+
+async function encodeOnServer(file) {
+  const response = await fetch('/api/encode', { method: 'POST', body: file });
+  if (!response.ok) throw new Error(`the server refused the image: ${(await response.json()).error}`);
+  const buffer = await response.arrayBuffer();
+  const headerBytes = new DataView(buffer).getUint32(0, true);
+  const header = JSON.parse(new TextDecoder().decode(new Uint8Array(buffer, 4, headerBytes)));
+  const base = 4 + headerBytes;
+  const tensors = {};
+  for (const t of header.tensors) {
+    tensors[t.name] = new ort.Tensor('float32', new Float32Array(buffer, base + t.offset, t.bytes / 4), t.shape);
+  }
+  return tensors;
+}
+
+// ---- prompts and decoding ---------------------------------------------------------------------
+
+async function decode() {
+  const prompt = state.prompt;
+  if (!state.features || (!prompt.points.length && !prompt.box)) {
+    state.decode = null;
+    draw();
+    return;
+  }
+  const size = state.size;
+  const frame = (x, y) => toModelFrame(x, y, state.width, state.height, size);
+  const modelPrompt = fitPrompt({
+    points: prompt.points.map((p) => ({ ...frame(p.x, p.y), label: p.label })),
+    box: prompt.box && (() => {
+      const a = frame(prompt.box.x0, prompt.box.y0), b = frame(prompt.box.x1, prompt.box.y1);
+      return { x0: a.x, y0: a.y, x1: b.x, y1: b.y };
+    })(),
+  }, state.tokens);
+  const sparse = composeTokens(state.tables, modelPrompt, state.tokens, size);
+  const C = state.tables.not_a_point.length;
+  const grid = size / 16;
+  const feeds = {
+    image_embeddings: state.features.image_embeddings,
+    image_pe: new ort.Tensor('float32', state.tables.image_pe, [1, C, grid, grid]),
+    sparse: new ort.Tensor('float32', sparse, [1, 1, state.tokens, C]),
+    dense: new ort.Tensor('float32', state.tables.dense, [1, C, grid, grid]),
+    hr0: state.features.hr0,
+    hr1: state.features.hr1,
+  };
+  const t0 = performance.now();
+  const out = await state.decoder.run(feeds);
+  const ms = performance.now() - t0;
+  state.decodeMs.push(ms);
+  const masks = out[state.decoder.outputNames[0]];
+  const iou = out[state.decoder.outputNames[1]].data;
+  let best = 0;
+  for (let i = 1; i < iou.length; i++) if (iou[i] > iou[best]) best = i;
+  const [, , h, w] = masks.dims;
+  const logits = masks.data.slice(best * h * w, (best + 1) * h * w);
+  state.decode = { logits, h, w, best, iou: Array.from(iou), usedPoints: modelPrompt.points.length,
+                   mask: upsample(logits, h, w, state.height, state.width) };
+  status(`mask ${best + 1} of 3 · predicted IoU ${iou[best].toFixed(3)} · decoded in ${ms.toFixed(1)} ms` +
+         (modelPrompt.points.length < prompt.points.length
+           ? ` · using the ${modelPrompt.points.length} most recent point(s) of ${prompt.points.length}` : ''));
+  draw();
+}
+
+// Bilinear resize of low-resolution logits to the image (align_corners=False, as torch's
+// interpolate), thresholded at 0: Uint8Array height x width of 0/1.
+export function upsample(logits, h, w, outH, outW) {
+  const mask = new Uint8Array(outH * outW);
+  const sy = h / outH, sx = w / outW;
+  for (let y = 0; y < outH; y++) {
+    const fy = Math.max((y + 0.5) * sy - 0.5, 0);
+    const y0 = Math.min(Math.floor(fy), h - 1), y1 = Math.min(y0 + 1, h - 1), ly = fy - y0;
+    for (let x = 0; x < outW; x++) {
+      const fx = Math.max((x + 0.5) * sx - 0.5, 0);
+      const x0 = Math.min(Math.floor(fx), w - 1), x1 = Math.min(x0 + 1, w - 1), lx = fx - x0;
+      const v = (1 - ly) * ((1 - lx) * logits[y0 * w + x0] + lx * logits[y0 * w + x1]) +
+                ly * ((1 - lx) * logits[y1 * w + x0] + lx * logits[y1 * w + x1]);
+      mask[y * outW + x] = v > 0 ? 1 : 0;
+    }
+  }
+  return mask;
+}
+
+function change(update) {
+  state.history.push(structuredClone(state.prompt));
+  update(state.prompt);
+  return decode();
+}
+
+// ---- drawing and input ------------------------------------------------------------------------
+
+function draw(dragBox = null) {
+  const canvas = $('overlay');
+  const ctx = canvas.getContext('2d');
+  ctx.clearRect(0, 0, canvas.width, canvas.height);
+  if (state.decode) {
+    const { mask } = state.decode;
+    const img = ctx.createImageData(state.width, state.height);
+    for (let i = 0; i < mask.length; i++) {
+      if (mask[i]) { img.data[i * 4] = 30; img.data[i * 4 + 1] = 144; img.data[i * 4 + 2] = 255; img.data[i * 4 + 3] = 110; }
+    }
+    ctx.putImageData(img, 0, 0);
+  }
+  const r = Math.max(4, Math.round(Math.max(state.width, state.height) / 120));
+  for (const p of state.prompt.points) {
+    ctx.beginPath();
+    ctx.arc(p.x, p.y, r, 0, 2 * Math.PI);
+    ctx.fillStyle = p.label === FOREGROUND ? '#22c55e' : '#ef4444';
+    ctx.fill();
+    ctx.lineWidth = Math.max(1, r / 3);
+    ctx.strokeStyle = '#fff';
+    ctx.stroke();
+  }
+  for (const b of [state.prompt.box, dragBox].filter(Boolean)) {
+    ctx.lineWidth = Math.max(2, r / 2);
+    ctx.strokeStyle = '#facc15';
+    ctx.strokeRect(b.x0, b.y0, b.x1 - b.x0, b.y1 - b.y0);
+  }
+  $('undo').disabled = !state.history.length;
+  $('clear').disabled = !state.prompt.points.length && !state.prompt.box;
+  $('download').disabled = !state.decode;
+}
+
+function imagePoint(event) {
+  const rect = $('overlay').getBoundingClientRect();
+  return {
+    x: ((event.clientX - rect.left) / rect.width) * state.width,
+    y: ((event.clientY - rect.top) / rect.height) * state.height,
+  };
+}
+
+let press = null;
+function onDown(event) {
+  if (!state.features) return;
+  press = { start: imagePoint(event), shift: event.shiftKey, clientX: event.clientX, clientY: event.clientY };
+}
+function dragged(event) {
+  return press && Math.hypot(event.clientX - press.clientX, event.clientY - press.clientY) > DRAG_PIXELS;
+}
+function boxFrom(a, b) {
+  return { x0: Math.min(a.x, b.x), y0: Math.min(a.y, b.y), x1: Math.max(a.x, b.x), y1: Math.max(a.y, b.y) };
+}
+function onMove(event) {
+  if (dragged(event)) draw(boxFrom(press.start, imagePoint(event)));
+}
+function onUp(event) {
+  if (!press) return;
+  const p = press;
+  const isDrag = dragged(event);
+  press = null;
+  if (isDrag) {
+    const box = boxFrom(p.start, imagePoint(event));
+    change((prompt) => { prompt.box = box; });
+  } else {
+    const label = p.shift ? BACKGROUND : FOREGROUND;
+    change((prompt) => { prompt.points.push({ ...p.start, label }); });
+  }
+}
+
+function downloadMask() {
+  const canvas = document.createElement('canvas');
+  canvas.width = state.width;
+  canvas.height = state.height;
+  const ctx = canvas.getContext('2d');
+  const img = ctx.createImageData(state.width, state.height);
+  const { mask } = state.decode;
+  for (let i = 0; i < mask.length; i++) {
+    const v = mask[i] ? 255 : 0;
+    img.data[i * 4] = img.data[i * 4 + 1] = img.data[i * 4 + 2] = v;
+    img.data[i * 4 + 3] = 255;
+  }
+  ctx.putImageData(img, 0, 0);
+  const a = document.createElement('a');
+  a.href = canvas.toDataURL('image/png');
+  a.download = `${(state.image?.name || 'image').replace(/\.[^.]*$/, '')}_mask.png`;
+  a.click();
+}
+
+function fail(error) {
+  console.error(error);
+  status(`error: ${error.message}`, 'error');
+}
+
+function wire() {
+  const overlay = $('overlay');
+  overlay.addEventListener('pointerdown', onDown);
+  overlay.addEventListener('pointermove', onMove);
+  overlay.addEventListener('pointerup', (e) => Promise.resolve(onUp(e)).catch(fail));
+  $('open').addEventListener('click', () => $('file').click());
+  $('file').addEventListener('change', (e) => e.target.files[0] && openImage(e.target.files[0]).catch(fail));
+  $('undo').addEventListener('click', () => {
+    state.prompt = state.history.pop();
+    decode().catch(fail);
+  });
+  $('clear').addEventListener('click', () => change((prompt) => { prompt.points = []; prompt.box = null; }).catch(fail));
+  $('download').addEventListener('click', downloadMask);
+  const stage = $('stage');
+  stage.addEventListener('dragover', (e) => { e.preventDefault(); stage.classList.add('drop'); });
+  stage.addEventListener('dragleave', () => stage.classList.remove('drop'));
+  stage.addEventListener('drop', (e) => {
+    e.preventDefault();
+    stage.classList.remove('drop');
+    const file = e.dataTransfer.files[0];
+    if (file && state.decoder) openImage(file).catch(fail);
+  });
+}
+
+wire();
+state.ready = start().then(() => true, (e) => { fail(e); return false; });

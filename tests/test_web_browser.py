@@ -1,0 +1,212 @@
+"""``kestrel serve`` in a real browser: Debian's Chromium, headless, driven by Playwright.
+
+A transformers-saved random-weight SAM 2.1 (small widths, 512 px) is exported as the ONNX edge split;
+the page is served on loopback; Chromium opens a photo-like image, clicks, shift-clicks and drags a
+box, on WASM and on WebGPU (SwiftShader). Each mask the page shows is compared with Kestrel's Python
+decode of the same prompt (IoU >= 0.99), and the encoder and per-click decoder latencies are printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"Debian's chromium is not installed ({CHROMIUM}); `make setup-browser` installs it",
+                allow_module_level=True)
+
+from kestrel.cli.serve import vendor_dir  # noqa: E402
+
+if not (vendor_dir() / "ort.all.min.mjs").is_file():
+    pytest.skip(f"onnxruntime-web is not installed at {vendor_dir()}; `make web` installs it",
+                allow_module_level=True)
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+BACKENDS = {"wasm": ["--disable-gpu"], "webgpu": ["--enable-unsafe-webgpu", "--use-webgpu-adapter=swiftshader"]}
+SIZE = 512
+LATENCY = Path(__file__).resolve().parent / "artifacts" / "web_latency.json"
+
+
+def photo(width: int = 640, height: int = 480) -> np.ndarray:
+    """Sky, ground, three soft-edged objects and sensor noise: an image with regions to segment."""
+    rng = np.random.default_rng(7)
+    y, x = np.mgrid[0:height, 0:width] / np.array([height, width]).reshape(2, 1, 1)
+    img = np.where((y < 0.55)[..., None], [110, 165, 240], [90, 115, 50]).astype(float) * (0.8 + 0.2 * x[..., None])
+    for cx, cy, r, colour in ((0.45, 0.4, 0.18, (205, 50, 40)), (0.75, 0.75, 0.12, (240, 215, 80)),
+                              (0.2, 0.7, 0.1, (60, 60, 150))):
+        d = np.sqrt(((x - cx) * width / height) ** 2 + (y - cy) ** 2)
+        alpha = 1 / (1 + np.exp((d - r) * 60))
+        img = img * (1 - alpha[..., None]) + np.array(colour) * alpha[..., None]
+    img += rng.normal(0, 4, img.shape)
+    return img.clip(0, 255).round().astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def edge(tmp_path_factory):
+    """(model directory, ONNX edge export, photo path) for a random-weight SAM 2.1 at 512 px."""
+    from kestrel.cli.main import main
+    from test_sam2 import seeded_sam2, small_config
+
+    root = tmp_path_factory.mktemp("web")
+    model_dir = root / "sam2"
+    seeded_sam2(small_config(SIZE)).save_pretrained(model_dir)
+    export = root / "edge"
+    assert main(["export", str(model_dir), "--target", "onnx", "--size", str(SIZE), "--out", str(export),
+                 "--no-validate"]) == 0
+    image = root / "photo.png"
+    Image.fromarray(photo()).save(image)
+    return model_dir, export, image
+
+
+@pytest.fixture(scope="module")
+def servers(edge):
+    """Two servers on loopback: the encoder in the page, and the encoder here (``--encode server``)."""
+    import kestrel
+    from kestrel.cli.serve import server_encoder
+    from kestrel.web.server import App, make_server, serve_in_thread
+
+    model_dir, export, _ = edge
+    model = kestrel.load(str(model_dir), E=SIZE // 16)
+    running = {}
+    for mode in ("page", "server"):
+        encoder = server_encoder(model) if mode == "server" else None
+        srv = make_server(App(export_dir=export, vendor_dir=vendor_dir(), encode=mode, encoder=encoder), "127.0.0.1", 0)
+        serve_in_thread(srv)
+        running[mode] = srv
+    yield {mode: f"http://127.0.0.1:{srv.server_address[1]}/" for mode, srv in running.items()}
+    for srv in running.values():
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.fixture(scope="module")
+def reference(edge):
+    """Kestrel's Python decode of a page prompt: its preprocessing, prompt composer and ``decode_tokens``."""
+    import kestrel
+    from kestrel.pipelines.sam2_prompts import PromptTables, compose
+    from kestrel.pipelines.sam2_segment import Sam2Segmenter
+
+    model_dir, _, image_path = edge
+    model = kestrel.load(str(model_dir), E=SIZE // 16)
+    segmenter = Sam2Segmenter(model)
+    emb = segmenter.encode(Image.open(image_path))
+    tables = PromptTables.from_model(model)
+    with torch.no_grad():
+        image_pe, dense = model.image_positions(), model.dense_prompt()
+
+    def decode(points: list[dict], box: dict | None) -> np.ndarray:
+        frame = [tuple(segmenter.to_frame((p["x"], p["y"]), emb.original_size)) for p in points]
+        corners = None if box is None else tuple(
+            segmenter.to_frame((box["x0"], box["y0"], box["x1"], box["y1"]), emb.original_size))
+        sparse = compose(tables, frame, [p["label"] for p in points], corners, count=3)
+        with torch.no_grad():
+            masks, iou, _ = model.decode_tokens(emb.embedding, image_pe, sparse, dense, emb.hr0, emb.hr1)
+        best = int(iou[0, 0].argmax())
+        return segmenter.postprocess(masks[0, 0, best][None], emb.original_size)[0].numpy()
+
+    return decode
+
+
+def iou(a: np.ndarray, b: np.ndarray) -> float:
+    union = np.logical_or(a, b).sum()
+    return 1.0 if union == 0 else float(np.logical_and(a, b).sum() / union)
+
+
+class Page:
+    """The served page in Chromium, with the image's pixel coordinates mapped to the screen."""
+
+    def __init__(self, page, width: int, height: int) -> None:
+        self.page, self.width, self.height = page, width, height
+
+    def at(self, x: float, y: float) -> tuple[float, float]:
+        box = self.page.locator("#overlay").bounding_box()
+        return box["x"] + (x + 0.5) * box["width"] / self.width, box["y"] + (y + 0.5) * box["height"] / self.height
+
+    def decoded(self, count: int) -> dict:
+        self.page.wait_for_function(f"window.kestrel.decodeMs.length >= {count}", timeout=120_000)
+        return self.page.evaluate("""() => { const s = window.kestrel;
+            return {points: s.prompt.points, box: s.prompt.box, best: s.decode && s.decode.best,
+                    mask: s.decode && Array.from(s.decode.mask), decodeMs: s.decodeMs, encodeMs: s.encodeMs,
+                    backend: s.backend, error: document.getElementById('status').className}; }""")
+
+    def click(self, x: float, y: float, shift: bool = False) -> None:
+        if shift:
+            self.page.keyboard.down("Shift")
+        self.page.mouse.click(*self.at(x, y))
+        if shift:
+            self.page.keyboard.up("Shift")
+
+    def drag(self, x0: float, y0: float, x1: float, y1: float) -> None:
+        self.page.mouse.move(*self.at(x0, y0))
+        self.page.mouse.down()
+        self.page.mouse.move(*self.at(x1, y1), steps=6)
+        self.page.mouse.up()
+
+
+# The encoder runs in the page on WASM. On WebGPU through SwiftShader (a CPU emulation of a GPU) one
+# Hiera encode takes minutes on these 2 cores, so there the encoder runs on the server and the page
+# decodes every click on WebGPU: the per-click path, which is what the decoder program is for.
+CASES = [("wasm", "page"), ("webgpu", "server")]
+
+
+@pytest.mark.parametrize(("backend", "encode"), CASES)
+def test_segment_in_the_browser(servers, edge, reference, backend, encode, tmp_path, capsys):
+    from playwright.sync_api import sync_playwright
+
+    _, _, image_path = edge
+    width, height = Image.open(image_path).size
+    console_errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS + BACKENDS[backend])
+        try:
+            page = browser.new_page(viewport={"width": 1000, "height": 800})
+            page.on("console", lambda m: m.type == "error" and console_errors.append(m.text))
+            page.on("pageerror", lambda e: console_errors.append(str(e)))
+            page.goto(f"{servers[encode]}?backend={backend}")
+            assert page.evaluate("window.kestrel.ready"), page.inner_text("#status")
+            assert page.evaluate("window.kestrel.backend") == backend
+            page.set_input_files("#file", str(image_path))
+            page.wait_for_function("window.kestrel.encodeMs !== null", timeout=300_000)
+            ui = Page(page, width, height)
+
+            ui.click(280, 190)                       # foreground on the red object
+            first = ui.decoded(1)
+            ui.click(500, 380, shift=True)           # background on the yellow one
+            second = ui.decoded(2)
+            page.click("#clear")
+            page.wait_for_function("window.kestrel.decode === null")
+            ui.drag(150, 90, 420, 300)               # a box around the red object
+            third = ui.decoded(3)
+            page.screenshot(path=str(tmp_path / f"segment_{backend}.png"))
+        finally:
+            browser.close()
+
+    assert not console_errors, console_errors
+    assert [p["label"] for p in second["points"]] == [1, 0] and third["box"] is not None
+    for state in (first, second, third):
+        expected = reference(state["points"], state["box"])
+        got = np.array(state["mask"], dtype=bool).reshape(height, width)
+        assert got.any() or expected.any()
+        assert iou(got, expected) >= 0.99, (state["points"], state["box"], iou(got, expected))
+
+    clicks = [round(ms, 1) for ms in third["decodeMs"]]
+    record = {"backend": backend, "encoder": f"in the {encode}", "encoder_ms": round(third["encodeMs"], 1),
+              "decode_ms": clicks}
+    LATENCY.parent.mkdir(exist_ok=True)
+    done = json.loads(LATENCY.read_text()) if LATENCY.exists() else {}
+    done[backend] = record
+    LATENCY.write_text(json.dumps(done, indent=2))
+    with capsys.disabled():
+        print(f"\n[kestrel serve, decoder on {backend}] encoder (in the {encode}) {record['encoder_ms']} ms; "
+              f"per-click decode {clicks} ms "
+              f"(image {width}x{height}, small random-weight SAM 2.1 at {SIZE}; {os.cpu_count()} CPUs)")
