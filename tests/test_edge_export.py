@@ -81,8 +81,8 @@ def manifest(export_dir) -> dict:
 
 
 def structure_mismatches(seed, ours, path: str = "") -> list[str]:
-    """Every key of ``seed`` present in ``ours`` with the same JSON type, recursively (list items
-    against the seed's first item); returns what differs."""
+    """Every key of ``seed`` present in ``ours`` with the same JSON type, recursively (each list item
+    against the seed's item at the same index, or its last one); returns what differs."""
     out: list[str] = []
     if isinstance(seed, dict):
         if not isinstance(ours, dict):
@@ -97,7 +97,7 @@ def structure_mismatches(seed, ours, path: str = "") -> list[str]:
             return [f"{path}: array expected, got {type(ours).__name__}"]
         if seed and ours:
             for i, item in enumerate(ours):
-                out += structure_mismatches(seed[0], item, f"{path}[{i}]")
+                out += structure_mismatches(seed[min(i, len(seed) - 1)], item, f"{path}[{i}]")
     elif isinstance(seed, bool) or isinstance(ours, bool):
         if type(seed) is not type(ours):
             out.append(f"{path}: {type(seed).__name__} expected, got {type(ours).__name__}")

@@ -238,7 +238,7 @@ def _export(recipe: Recipe, tmp: Path, target: str, say: Callable[[str], None], 
                         rewrite_cases.append(val.case(
                             name, "torch eager: the WebGPU graph after its rewrites (et_vk.sdpa reference kernel)",
                             "the program's example inputs", "kestrel eager", [o.name for o in p.outputs],
-                            lowered.rewritten_outputs, lowered.module_outputs))
+                            lowered.rewritten_outputs, lowered.module_outputs, masks=("masks",)))
                 summary["io_contract"] = mf.io_contract(p, summary["io"])
                 graph[p.stem if backend == primary else p.stem + SUFFIX[backend].rsplit(".", 1)[0]] = summary
                 files[backend][p.stem] = name
