@@ -24,17 +24,14 @@ from typing import Any
 import torch
 
 from ..std import kernels
+from .cache import cache_dir as kestrel_cache_dir
 
 VERSION = 1  # of the file format and of the measuring procedure
 
 
 def cache_dir() -> Path:
-    """Where calibrations are kept (read at call time)."""
-    if os.environ.get("KESTREL_CACHE_DIR"):
-        return Path(os.environ["KESTREL_CACHE_DIR"]).expanduser() / "calibration"
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "kestrel" / "calibration"
-    return Path("~/.cache/kestrel/calibration").expanduser()
+    """Where calibrations are kept: ``calibration/`` in Kestrel's cache folder (read at call time)."""
+    return kestrel_cache_dir("calibration")
 
 
 def cpu_model() -> str:
