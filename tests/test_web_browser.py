@@ -109,10 +109,11 @@ def reference(edge):
         corners = None if box is None else tuple(
             segmenter.to_frame((box["x0"], box["y0"], box["x1"], box["y1"]), emb.original_size))
         sparse = compose(tables, frame, [p["label"] for p in points], corners, count=3)
+        t = emb.tensors
         with torch.no_grad():
-            masks, iou, _ = model.decode_tokens(emb.embedding, image_pe, sparse, dense, emb.hr0, emb.hr1)
+            masks, iou, _ = model.decode_tokens(t["image_embeddings"], image_pe, sparse, dense, t["hr0"], t["hr1"])
         best = int(iou[0, 0].argmax())
-        return segmenter.postprocess(masks[0, 0, best][None], emb.original_size)[0].numpy()
+        return segmenter.postprocess(masks[0, 0, best][None, None], emb)[0, 0].numpy()
 
     return decode
 

@@ -98,8 +98,7 @@ def server_encoder(model):
 
     def encode(image) -> dict:
         emb = segmenter.encode(image)
-        return {"image_embeddings": emb.embedding.float().numpy(), "hr0": emb.hr0.float().numpy(),
-                "hr1": emb.hr1.float().numpy()}
+        return {name: tensor.float().numpy() for name, tensor in emb.tensors.items()}
 
     return encode
 
