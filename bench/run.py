@@ -138,6 +138,7 @@ class ModelSpec:
     output: Callable[[Any], torch.Tensor] = lambda out: out  # Kestrel's (and onnx's) result -> the compared tensor
     max_batch: int = 64                               # larger batches are skipped for this model
     model_init: Callable[[torch.nn.Module], None] | None = None  # re-draws the reference's random weights
+    export_dims: dict[str, int] | None = None         # free dimensions of the entry's inputs, for the export
 
 
 def _transformers() -> Any:
@@ -354,6 +355,7 @@ REGISTRY: dict[str, ModelSpec] = {
         flops=sam_decode_flops,
         model_init=sam_weights,
         output=lambda out: out[0][:, :, 1:],  # Kestrel gives the single mask first, then the three
+        export_dims={"Pts": 1, "N": 1},  # one prompt of one point, as _sam_prompt draws
     ),
 }
 
@@ -674,7 +676,7 @@ def export_job(job: dict[str, Any]) -> dict[str, Any]:
     cfg = spec.config(job["size"])
     model = kestrel.load(job["checkpoint"], **spec.load_kwargs(cfg, job["image"]))
     t = time.perf_counter()
-    (path,) = export_onnx(model, job["out"], entries=[spec.entry])
+    (path,) = export_onnx(model, job["out"], entries=[spec.entry], dims=spec.export_dims)
     return {"onnx": str(path), "export_s": time.perf_counter() - t}
 
 

@@ -20,6 +20,7 @@ from ..blocks import Block
 from ..blocks.block import bind_generics, parameter_manifest
 from ..models.cards import CARDS, FAMILIES, Card, CardError, Family, family_for_config, find_card
 from ..types.dtypes import DType, dtype_named
+from .allocator import retain_freed_memory
 from .checkpoint import CheckpointError, Expected, load_tensors, plan_load, read_headers, safetensors_dtype
 from .hub import fetch
 
@@ -146,6 +147,7 @@ def load(name_or_dir: str | os.PathLike[str], *, weights: str | os.PathLike[str]
     origin = "" if card is not None or weights is not None or Path(name_or_dir).is_dir() else os.fspath(name_or_dir)
     model.loaded = Loaded(family, directory, config, bound, card, origin=origin)  # type: ignore[assignment]
     model.requires_grad_(False)  # an inference model; call requires_grad_(True) to fine-tune
+    retain_freed_memory()  # activations stay mapped between calls (runtime.allocator; KESTREL_MALLOC=system)
     model = model.eval().to(device)
     if quantize == "int8":
         from .quantize import quantize_int8
