@@ -96,6 +96,28 @@ def test_classify_matches_the_reference_pipeline(vit_dir, images, capsys):
             assert line.strip() == f"{p:.2%}  {LABELS[k]}"
 
 
+def test_speed_flags_reach_the_loader(vit_dir, images, capsys, monkeypatch):
+    """--quantize int8 and --compile are kestrel.load's options: passed through, and int8 still labels."""
+    import kestrel.runtime.load as loading
+
+    d, _ = vit_dir
+    seen: list[dict] = []
+    real = loading.load
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs)
+        return real(*args, **{**kwargs, "compile": False})  # compiling is timed by bench, not here
+
+    monkeypatch.setattr(loading, "load", spy)
+    assert main(["classify", str(images[0]), "--model", str(d), "--top", "2", "--quantize", "int8",
+                 "--compile"]) == 0
+    assert seen[-1]["quantize"] == "int8" and seen[-1]["compile"] is True
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == str(images[0]) and len(lines) == 3 and all("%" in line for line in lines[1:])
+    assert main(["classify", str(images[0]), "--model", str(d)]) == 0
+    assert seen[-1]["quantize"] is None and seen[-1]["compile"] is False
+
+
 def test_embed_writes_features_with_paths(tmp_path, images, capsys):
     ref = seeded(lambda: Dinov2Model(Dinov2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                                   image_size=28, patch_size=14)))

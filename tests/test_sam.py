@@ -306,18 +306,23 @@ def test_sam_vit_base_real_config(tmp_path):
     print(figures)
 
 
+@pytest.mark.parametrize("grad", [False, True], ids=["in-place", "autograd"])
 @pytest.mark.parametrize("budget", [None, 4096, 1 << 20])
-def test_decomposed_attention_slices_give_the_same_numbers(budget):
-    """Whole heads, several heads, or rows of one head per slice: the full-bias formula's numbers."""
+def test_decomposed_attention_slices_give_the_same_numbers(budget, grad):
+    """Whole heads, several heads, or rows of one head per slice (the last one short), in the eager
+    in-place form and the out-of-place one autograd takes: the full-bias formula's numbers."""
     from kestrel.std.ops_attention import decomposed_attention
 
     torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 3, 36, 8) for _ in range(3))
+    q, k, v = (torch.randn(2, 3, 36, 8, requires_grad=grad) for _ in range(3))
     rel_h, rel_w = torch.randn(2, 3, 36, 6), torch.randn(2, 3, 36, 6)
     bias = (rel_h[..., :, None] + rel_w[..., None, :]).reshape(2, 3, 36, 36)
     want = torch.softmax(q @ k.transpose(-1, -2) * 8 ** -0.5 + bias, -1) @ v
     got = decomposed_attention(q, k, v, rel_h, rel_w, budget=budget)
-    assert rel_diff(got, want) <= 1e-6
+    assert rel_diff(got.detach(), want.detach()) <= 1e-6
+    if grad:  # and it differentiates
+        got.sum().backward()
+        assert q.grad is not None and torch.isfinite(q.grad).all()
 
 
 def test_cli_segment_point_writes_mask_and_overlay(small, tmp_path, capsys):

@@ -66,6 +66,7 @@ def run_dataset(args: argparse.Namespace, task: str, sources: list[str], **job: 
     if engine == "local" and (args.address or args.workers):
         raise UsageError("--address and --workers need --engine ray")
     spec = JobSpec(task, args.model, weights=args.weights, dtype=args.dtype, device=args.device,
+                   compile=getattr(args, "compile", False), quantize=getattr(args, "quantize", None),
                    batch_size=getattr(args, "batch_size", None) or 8, **job)  # type: ignore[arg-type]
     summary = run_job(spec, sources, args.out, engine=engine, shard_size=args.shard_size,
                       path_column=args.path_column, workers=args.workers, address=args.address,

@@ -275,6 +275,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--dtype", default="f32", choices=["f32", "bf16", "f16"], help="compute dtype (default f32)")
     from .datasets import add_dataset_args
+    from .tasks import add_speed_args
+
+    add_speed_args(p)
 
     add_dataset_args(p)
     p.set_defaults(run=cmd_segment)

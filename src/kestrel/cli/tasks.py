@@ -19,7 +19,18 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 def _load(args: argparse.Namespace, **generics: int):
     from ..runtime.load import load
 
-    return load(args.model, weights=args.weights, dtype=args.dtype, device=args.device, **generics)
+    return load(args.model, weights=args.weights, dtype=args.dtype, device=args.device,
+                compile=getattr(args, "compile", False), quantize=getattr(args, "quantize", None), **generics)
+
+
+def add_speed_args(p: argparse.ArgumentParser) -> None:
+    """``--compile`` and ``--quantize``: the speed options of ``kestrel.load`` (README, Speed)."""
+    p.add_argument("--compile", action="store_true",
+                   help="run the model under torch.compile (static shapes, inductor freezing): the first call "
+                        "compiles (tens of seconds); pays on large inputs, see `kestrel bench DIR --compile`")
+    p.add_argument("--quantize", choices=["int8"], default=None,
+                   help="int8 dynamic quantisation of every linear layer (opt-in, not exact: README has its "
+                        "accuracy against f32)")
 
 
 def _generics_before_load(args: argparse.Namespace) -> tuple[str, dict] | None:
@@ -262,6 +273,7 @@ def _common(p: argparse.ArgumentParser, default_model: str | None, batch: bool =
                    help="read the card's files from DIR instead of the hub")
     p.add_argument("--device", default="cpu", type=types.device, help="cpu (default), cuda, cuda:N or mps")
     p.add_argument("--dtype", default="f32", choices=["f32", "bf16", "f16"], help="compute dtype (default f32)")
+    add_speed_args(p)
     if batch:
         p.add_argument("--batch-size", type=types.positive_int, default=8, metavar="N",
                        help="images per forward pass, >= 1 (default 8)")

@@ -213,7 +213,7 @@ class VisionNeck(Block):
 
 
 def _encoder_forward(self, pixel_values: "Tensor[B, 3, 1024, 1024; T]") -> "Tensor[B, Hd, 64, 64; T]":
-    x = self.patch_embed(pixel_values).permute(0, 2, 3, 1) + self.pos_embed
+    x = self.patch_embed(pixel_values).permute(0, 2, 3, 1).contiguous() + self.pos_embed
     for name in self.layers:
         x = getattr(self, name)(x)
     return self.neck(x)

@@ -363,7 +363,7 @@ class Hiera(Block):
         "(Tensor[B, 4 * E, 4 * E, D0; T], Tensor[B, 2 * E, 2 * E, D1; T], Tensor[B, E, E, D2; T], "
         "Tensor[B, E / 2, E / 2, D3; T])"
     ):
-        x0 = self.patch_embed(pixel_values).permute(0, 2, 3, 1) + self.positions()
+        x0 = self.patch_embed(pixel_values).permute(0, 2, 3, 1).contiguous() + self.positions()
         for layer in self.stage_0:
             x0 = layer(x0)
         x1 = self.stage_1(x0)

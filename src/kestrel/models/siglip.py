@@ -200,4 +200,4 @@ class Model(Block):
         self, image: "Tensor[B, Channels, Height, Width; T]"
     ) -> "Tensor[B, (Height / Patch) * (Width / Patch), VisionD; T]":
         x = ops.conv2d(image, self.patch_weight, self.patch_bias, stride=self.Patch)
-        return x.flatten(2).transpose(1, 2) + self.vision_positions
+        return x.flatten(2).transpose(1, 2).contiguous() + self.vision_positions

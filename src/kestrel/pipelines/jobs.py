@@ -42,6 +42,8 @@ class JobSpec:
     template: str | None = None  # zero-shot
     options: tuple[tuple[str, Any], ...] = field(default=())  # task-specific settings (segment-everything)
     revision: str | None = None
+    compile: bool = False  # kestrel.load(compile=True): same numbers to ~1e-6, faster on large inputs
+    quantize: str | None = None  # "int8": not exact, so it is part of the settings a rerun must match
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -121,7 +123,8 @@ class ShardTask:
             torch.set_num_threads(threads)
         self.spec = spec
         generics = {"Height": spec.size, "Width": spec.size} if spec.size else {}
-        self.model = load(spec.model, weights=spec.weights, dtype=spec.dtype, device=spec.device, **generics)
+        self.model = load(spec.model, weights=spec.weights, dtype=spec.dtype, device=spec.device,
+                          compile=spec.compile, quantize=spec.quantize, **generics)
         if spec.task == "segment-everything":
             from .segment import segmenter_for
 

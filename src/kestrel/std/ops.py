@@ -615,6 +615,19 @@ def _(x: SymTensor, *order: Any) -> SymTensor:
     return _t(x, [d[o] for o in order_])
 
 
+@op("contiguous")
+def contiguous(x: torch.Tensor) -> torch.Tensor:
+    """The same values laid out row-major. A layout choice, not a type change: a permuted view left as
+    it is makes every later elementwise op (and each residual add, whose result keeps the first
+    operand's strides) walk memory across the grain."""
+    return x.contiguous()
+
+
+@contiguous.rule
+def _(x: SymTensor) -> SymTensor:
+    return _t(x, x.dims)
+
+
 @op("transpose")
 def transpose(x: torch.Tensor, a: int, b: int) -> torch.Tensor:
     return x.transpose(a, b)
