@@ -5,8 +5,9 @@ returns them with ``munmap`` when freed, and trims the heap's free top above ``M
 An encoder's activations are exactly such blocks, so every forward pass maps fresh pages and takes a
 page fault on each 4 KiB of them inside the GEMMs: measured here on ViT-B/16 at batch 8 (2 threads),
 about 113,000 minor faults and 7-8% of the time per call. Raising both thresholds keeps those pages in
-the heap for the next call: one call's faults drop to a handful. Peak memory is the same; what
-changes is that the process keeps its high-water mark resident after a call instead of returning it.
+the heap for the next call: one call's faults drop to a handful. Peak memory is the same or lower
+(measured); what changes is that the process keeps what it used resident after a call instead of
+returning it. Blocks above 32 MiB are still mapped and unmapped per call (see RETAIN_BYTES).
 
 This is process-wide state, so :func:`kestrel.load` applies it once (inference processes are what
 loads models) and ``KESTREL_MALLOC=system`` leaves the allocator as it was. Nothing happens where
@@ -22,10 +23,11 @@ import os
 # mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
-# blocks up to this size come from the heap and stay there when freed: the first value this glibc
-# accepts (some builds refuse a threshold above 32 MiB); a DINOv2 MLP activation at 518 and batch 8
-# is 134 MB, so larger is better
-RETAIN_BYTES = (1 << 30, 256 << 20, 32 << 20)
+# blocks up to this size come from the heap and stay there when freed: glibc's own ceiling for its
+# adaptive threshold. Larger is not better: with 1 GiB, DINOv2-B at 518 px and batch 8 ran 13% faster
+# but the fragmented heap doubled its high-water mark (2059 MB against 1053); with 32 MiB it is
+# unchanged there, ViT-B/16 at batch 8 loses its page faults and SAM's encoder half of them.
+RETAIN_BYTES = (32 << 20,)
 TRIM_BYTES = 1 << 30
 
 _state: dict[str, bool] = {}
