@@ -676,7 +676,8 @@ def export_job(job: dict[str, Any]) -> dict[str, Any]:
     cfg = spec.config(job["size"])
     model = kestrel.load(job["checkpoint"], **spec.load_kwargs(cfg, job["image"]))
     t = time.perf_counter()
-    (path,) = export_onnx(model, job["out"], entries=[spec.entry], dims=spec.export_dims)
+    (path,) = export_onnx(model, job["out"], entries=[spec.entry], dims=spec.export_dims,
+                          batch=1 if spec.max_batch == 1 else None)  # SAM's encoder runs at batch 1 only
     return {"onnx": str(path), "export_s": time.perf_counter() - t}
 
 
