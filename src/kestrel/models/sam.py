@@ -387,7 +387,8 @@ class MaskDecoder(Block):
         tokens = ops.cat([tokens, sparse_prompt_embeddings], dim=2)
 
         def per_prompt(t):  # [B, Hd, 64, 64] -> [B, Pts, 64 * 64, Hd], shared by the prompts of an image
-            return t.flatten(2).transpose(1, 2).unsqueeze(1).expand(B, Pts, GRID * GRID, hd)
+            tokens = t.flatten(2).transpose(1, 2).contiguous()  # row-major: adds and linears run with the grain
+            return tokens.unsqueeze(1).expand(B, Pts, GRID * GRID, hd)
 
         image = per_prompt(image_embeddings + dense_prompt_embeddings)
         queries, keys = self.transformer(tokens, image, per_prompt(image_pe))

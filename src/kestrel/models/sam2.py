@@ -558,8 +558,8 @@ class MaskDecoder(Block):
             b, c, h, w = t.shape
             return t.unsqueeze(1).expand(b, Pts, c, h, w).reshape(b * Pts, c, h, w)
 
-        def as_keys(t):  # [B, Hd, E, E] -> [B, Pts, E * E, Hd]
-            return t.flatten(2).transpose(1, 2).unsqueeze(1).expand(B, Pts, e * e, hd)
+        def as_keys(t):  # [B, Hd, E, E] -> [B, Pts, E * E, Hd], row-major: adds and linears run with the grain
+            return t.flatten(2).transpose(1, 2).contiguous().unsqueeze(1).expand(B, Pts, e * e, hd)
 
         queries, keys = self.transformer(tokens, as_keys(image_embeddings + dense), as_keys(image_pe), bias)
 
