@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from kestrel.blocks.block import fact_holds
@@ -386,8 +386,13 @@ small_trees = st.recursive(
     max_leaves=6)
 
 
+CYCLE = ("div", ("mod", ("sym", "P"), ("sym", "Q")), ("const", 2))  # its quotient bounds once led back to itself
+
+
 @SETTINGS
 @given(facts_and_binding(), small_trees, small_trees)
+@example((Facts(), {"P": 1, "Q": 1, "R": 1}), CYCLE, ("sym", "P"))
+@example((Facts(), {"P": 1, "Q": 1, "R": 1}), ("sym", "P"), CYCLE)
 def test_prover_never_proves_a_false_statement(fb, a, b):
     facts, env = fb
     pa, pb = poly(a), poly(b)

@@ -187,13 +187,15 @@ def _structural(p: Poly) -> bool:
     return _nonneg(p, [], 0)
 
 
-def _nonneg(p: Poly, ges: list[Poly], depth: int) -> bool:
+def _nonneg(p: Poly, ges: list[Poly], depth: int, proving: frozenset[Atom] = frozenset()) -> bool:
     """p >= 0 over natural symbols, given ``g >= 0`` for each g in ``ges``.
 
     Sound by construction: it only ever returns True for ``p = sum(k_i * g_i) + q`` with integers
-    ``k_i >= 0`` and ``q`` nonnegative term by term.
+    ``k_i >= 0`` and ``q`` nonnegative term by term. ``proving`` holds the atoms whose own
+    nonnegativity is being proved further up: meeting one again is a cycle (``(P % Q) / 2`` with its
+    quotient bounds led back to itself), answered "cannot prove".
     """
-    bad = [(m, c) for m, c in p.terms if c < 0 or not all(_atom_nonneg(a, ges) for a in m)]
+    bad = [(m, c) for m, c in p.terms if c < 0 or not all(_atom_nonneg(a, ges, proving) for a in m)]
     if not bad:
         return True
     if depth == 0 or not ges:
@@ -207,7 +209,7 @@ def _nonneg(p: Poly, ges: list[Poly], depth: int) -> bool:
             k = coef // cg  # an atom not known nonnegative: cancel it exactly
         else:
             continue
-        if _nonneg(p - k * g, ges, depth - 1):
+        if _nonneg(p - k * g, ges, depth - 1, proving):
             return True
     return False
 
@@ -245,18 +247,25 @@ def _raise_quotients(p: Poly, ges: list[Poly]) -> Poly | None:
     return out
 
 
-def _atom_nonneg(a: Atom, ges: list[Poly]) -> bool:
+def _atom_nonneg(a: Atom, ges: list[Poly], proving: frozenset[Atom] = frozenset()) -> bool:
     if isinstance(a, Sym):
         return True  # every dimension is a natural number
     assert isinstance(a, _Binary)
+    if a in proving:
+        return False
+    inner = proving | {a}
+
+    def nonneg(p: Poly) -> bool:
+        return _nonneg(p, ges, _DEPTH, inner)
+
     if isinstance(a, Mod):
-        return _nonneg(a.b - 1, ges, _DEPTH)
+        return nonneg(a.b - 1)
     if isinstance(a, FloorDiv):
-        return _nonneg(a.a, ges, _DEPTH) and _nonneg(a.b - 1, ges, _DEPTH)
+        return nonneg(a.a) and nonneg(a.b - 1)
     if isinstance(a, Min):
-        return _nonneg(a.a, ges, _DEPTH) and _nonneg(a.b, ges, _DEPTH)
+        return nonneg(a.a) and nonneg(a.b)
     if isinstance(a, Max):
-        return _nonneg(a.a, ges, _DEPTH) or _nonneg(a.b, ges, _DEPTH)
+        return nonneg(a.a) or nonneg(a.b)
     return False
 
 
