@@ -27,7 +27,7 @@ _M_MMAP_THRESHOLD = -3
 # adaptive threshold. Larger is not better: with 1 GiB, DINOv2-B at 518 px and batch 8 ran 13% faster
 # but the fragmented heap doubled its high-water mark (2059 MB against 1053); with 32 MiB it is
 # unchanged there, ViT-B/16 at batch 8 loses its page faults and SAM's encoder half of them.
-RETAIN_BYTES = (32 << 20,)
+RETAIN_BYTES = 32 << 20
 TRIM_BYTES = 1 << 30
 
 _state: dict[str, bool] = {}
@@ -41,7 +41,7 @@ def retain_freed_memory() -> bool:
     if os.environ.get("KESTREL_MALLOC", "").strip().lower() != "system":
         libc = _glibc()
         if libc is not None:
-            applied = any(libc.mallopt(_M_MMAP_THRESHOLD, size) for size in RETAIN_BYTES) and bool(
+            applied = bool(libc.mallopt(_M_MMAP_THRESHOLD, RETAIN_BYTES)) and bool(
                 libc.mallopt(_M_TRIM_THRESHOLD, TRIM_BYTES))
     _state["applied"] = applied
     return applied
