@@ -25,6 +25,7 @@ import torch
 
 from ..std import kernels
 from .cache import cache_dir as kestrel_cache_dir
+from .cache import location_key
 
 VERSION = 1  # of the file format and of the measuring procedure
 
@@ -111,16 +112,15 @@ class Table:
             pass
 
 
-_TABLES: dict[tuple[str | None, str | None, str | None, int], Table] = {}
+_TABLES: dict[tuple[tuple[str | None, ...], int], Table] = {}
 
 
 def table(threads: int | None = None) -> Table:
     """The table for this machine at the current (or given) thread count (cheap: called on every linear)."""
     threads = threads if threads is not None else torch.get_num_threads()
-    env = os.environ
-    # the variables that decide the folder, not the folder: building paths on every linear costs ~3%
-    # of a batch-1 ViT forward
-    where_key = (env.get("KESTREL_CACHE_DIR"), env.get("XDG_CACHE_HOME"), env.get("HOME"), threads)
+    # keyed by what decides the folder, not the folder: building paths on every linear cost ~3% of a
+    # batch-1 ViT forward
+    where_key = (location_key(), threads)
     t = _TABLES.get(where_key)
     if t is None:
         key = machine_key(threads)
