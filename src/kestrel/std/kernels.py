@@ -233,14 +233,20 @@ def _pick(gflops: dict[str, float]) -> str:
 # ---------------------------------------------------------------------------------- the kernels
 
 
-def eager_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Plain eager f32 inference on CPU: the calls that may take a calibrated kernel."""
-    # dynamo models type(x) as torch.Tensor, hence the explicit is_compiling(): compiled graphs
-    # keep F.linear, which inductor lowers (and may hand to oneDNN itself with frozen weights)
+def plain_inference(*tensors: torch.Tensor) -> bool:
+    """Eager calls on plain tensors (or parameters) that autograd does not record: no compiler, tracer,
+    fake or subclass tensor in sight, so a kernel may pick its own path, reuse buffers, work in place."""
+    # dynamo models type(x) as torch.Tensor, hence the explicit is_compiling()
     return (not torch.compiler.is_compiling()
-            and type(x) is torch.Tensor and type(weight) in (torch.Tensor, torch.nn.Parameter)
-            and x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu"
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
+            and all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors)
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)))
+
+
+def eager_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Plain eager f32 inference on CPU: the calls that may take a calibrated kernel (compiled graphs
+    keep F.linear, which inductor lowers and may hand to oneDNN itself with frozen weights)."""
+    return (plain_inference(x, weight) and type(x) is torch.Tensor
+            and x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..checker.symbolic import ShapeError, SymTensor, op
+from . import kernels
 from .ops import _t, same, same_dtype
 
 # bytes of scores one slice may hold; KESTREL_ATTENTION_BUDGET overrides (a memory choice, not speed)
@@ -43,7 +44,7 @@ def decomposed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_
     out = q.new_empty(q3.shape[0], n, v.shape[-1])
     scale = d ** -0.5
     per_head = n * m * q.element_size()
-    fast = _in_place_ok(q, k, v, rel_h, rel_w)
+    fast = kernels.plain_inference(q, k, v, rel_h, rel_w)  # may reuse a buffer and soft-max in place
     if per_head <= budget:  # several whole heads per slice
         step = min(q3.shape[0], max(1, budget // per_head))
         scores = q.new_empty(step, n, m) if fast else None
@@ -59,12 +60,6 @@ def decomposed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_
                 one = slice(b, b + 1)
                 _slice(q3[one, r], k3[one], v3[one], rh[one, r], rw[one, r], scale, out[one, r], scores)
     return out.reshape(*lead, n, v.shape[-1])
-
-
-def _in_place_ok(*tensors: torch.Tensor) -> bool:
-    """Plain eager inference tensors: the calls that may reuse a buffer and soft-max in place."""
-    return (not torch.compiler.is_compiling() and all(type(t) is torch.Tensor for t in tensors)
-            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)))
 
 
 def _slice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rh: torch.Tensor, rw: torch.Tensor, scale: float,
