@@ -213,3 +213,23 @@ def test_int8_is_opt_in_close_and_keeps_the_f32_parameters(tmp_path):
         assert k1 == k2 and torch.equal(v1, v2)  # the parameters stay f32 and exact
     with pytest.raises(kestrel.models.cards.CardError, match="quantize='int4'"):
         kestrel.load(tmp_path / "ckpt", quantize="int4")
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_transposed_2x2_convolution_as_one_gemm_matches_torch(channels_last):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 24, 5, 7, generator=g)
+    if channels_last:  # SAM's decoder hands its image tokens over this way
+        x = x.contiguous(memory_format=torch.channels_last)
+    w, b = torch.randn(24, 8, 2, 2, generator=g), torch.randn(8, generator=g)
+    for bias in (b, None):
+        ref = F.conv_transpose2d(x, w, bias, stride=2)
+        with torch.inference_mode():
+            out = ops.conv_transpose2x2(x, w, bias)
+        assert out.shape == (2, 8, 10, 14)
+        assert out.is_contiguous(memory_format=torch.channels_last)  # the GEMM path ran (torch's keeps NCHW)
+        assert rel_diff(out, ref) < 1e-6
+    # autograd keeps torch's own op (and its gradient)
+    wg = w.clone().requires_grad_(True)
+    ops.conv_transpose2x2(x, wg, b).sum().backward()
+    assert wg.grad is not None and wg.grad.shape == w.shape

@@ -371,8 +371,12 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None, stride: An
 
 @op("conv_transpose2x2")
 def conv_transpose2x2(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Transposed 2x2 convolution with stride 2: ``[B, Cin, H, W] -> [B, Cout, 2H, 2W]``."""
-    return F.conv_transpose2d(x, weight, bias, stride=2)
+    """Transposed 2x2 convolution with stride 2: ``[B, Cin, H, W] -> [B, Cout, 2H, 2W]``.
+
+    Kernel: a GEMM over pixels in eager CPU inference (:func:`kestrel.std.kernels.conv_transpose2x2`,
+    channels-last result), ``F.conv_transpose2d`` in compiled, exported and autograd graphs.
+    """
+    return kernels.conv_transpose2x2(x, weight, bias)
 
 
 @conv_transpose2x2.rule
