@@ -57,6 +57,25 @@ def test_measure_times_every_candidate_and_rejects_a_wrong_one(monkeypatch):
     assert not copying & set(kernels.measure(x, w, b, budget_s=0.01)["gflops"])  # memory first, by default
 
 
+def test_measure_streams_cold_copies_of_a_small_weight_and_drops_them(monkeypatch):
+    x, w, b = _data(m=8, k=64, n=64)
+    seen: list[int] = []
+
+    def spy(x, w, b):
+        seen.append(w.data_ptr())
+        return F.linear(x, w, b)
+
+    monkeypatch.setitem(kernels.KERNELS, "spy", kernels.Kernel("spy", "test", spy))
+    monkeypatch.setattr(kernels, "COLD_BYTES", 64 * w.numel() * w.element_size())
+    kernels.measure(x, w, b, kernels=["torch", "spy"], budget_s=0.0)
+    # the check call reads the weight itself; every timed pass reads it and its 63 copies once each
+    assert len(set(seen)) == 64 and len(seen) == 1 + 64 * kernels.CAL_ROUNDS[0]
+    monkeypatch.setattr(kernels, "PASS_FLOPS", 1.0)  # a long GEMM: one weight per pass
+    seen.clear()
+    kernels.measure(x, w, b, kernels=["spy"], budget_s=0.0)
+    assert set(seen) == {w.data_ptr()}
+
+
 def test_the_pick_prefers_the_default_within_noise_and_copies_only_for_a_clear_win(monkeypatch):
     run = kernels.KERNELS["torch"].run
     monkeypatch.setattr(kernels, "KERNELS", {"torch": kernels.Kernel("torch", "t", run),

@@ -27,7 +27,7 @@ from ..std import kernels
 from .cache import cache_dir as kestrel_cache_dir
 from .cache import location_key
 
-VERSION = 1  # of the file format and of the measuring procedure
+VERSION = 2  # of the file format and of the measuring procedure (2: streamed, cold weights)
 
 
 def cache_dir() -> Path:
