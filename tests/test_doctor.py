@@ -77,5 +77,17 @@ def test_compiled_entries_match_eager(vit_dir):
     with torch.no_grad():
         want = eager.forward(x)
     assert rel_diff(compiled.forward(x), want) <= 1e-5
+    # the first call raced the compiled graph against eager for this signature and keeps the faster
+    (choice,) = compiled.compile_choices["forward"].values()
+    assert choice["path"] == min(("compiled", "eager"), key=lambda p: choice[f"{p}_s"])
+    assert list(compiled.compile_choices["forward"]) == ["f32[2, 3, 32, 32]"]
+    assert rel_diff(compiled.forward(x), want) <= 1e-5  # whichever path it took
     with pytest.raises(kestrel.blocks.EntryError, match="axis 2 is 31"):  # inputs still checked
         compiled.forward(torch.randn(2, 3, 31, 32))
+
+
+def test_compiled_always_skips_the_race(vit_dir, monkeypatch):
+    monkeypatch.setenv("KESTREL_COMPILED", "always")
+    compiled = kestrel.load(vit_dir, compile=True)
+    compiled.forward(torch.randn(1, 3, 32, 32))
+    assert compiled.compile_choices["forward"] == {"f32[1, 3, 32, 32]": {"path": "compiled"}}
