@@ -56,7 +56,7 @@ CHECK_TOL = 1e-5
 # hardly shows, and its calibration stays within budget.
 COLD_BYTES = 128 * 2**20
 MAX_COPIES = 64
-PASS_FLOPS = 6e9
+PASS_FLOPS = 2e10
 
 
 @dataclass(frozen=True)
@@ -214,7 +214,10 @@ def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     copies = min(MAX_COPIES, -(-COLD_BYTES // max(1, weight.numel() * weight.element_size())),
                  int(PASS_FLOPS // max(flops, 1.0)))
     copies = max(1, copies)
-    weights = [weight, *(weight.clone() for _ in range(copies - 1))] if live else []
+    # one allocation for all copies: large enough that the allocator maps it apart and hands it back to
+    # the system when freed (many small clones would stay in the process's heap, counted as its memory)
+    stacked = weight.expand(copies - 1, *weight.shape).clone() if live and copies > 1 else weight.new_empty(0)
+    weights = [weight, *stacked.unbind(0)] if live else []
     best = {name: float("inf") for name in live}
     lo, hi = CAL_ROUNDS
     start = time.perf_counter()
@@ -229,7 +232,7 @@ def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             break
     for w in weights:
         _PACKED.pop(id(w), None)
-    del weights
+    del weights, stacked
     # packed copies made for timing are dropped above: the chosen kernel packs its own
     gflops = {name: flops / t / 1e9 for name, t in best.items()}
     chosen = _pick(gflops)
@@ -399,12 +402,18 @@ def fuse_in_place(parts: Sequence[torch.Tensor]) -> torch.Tensor:
             and cached.shape == whole.shape):
         return cached
     if whole is None:
+        from ..runtime.pages import release_file_pages
+
         with torch.inference_mode(False), torch.no_grad():  # normal tensors, even in inference mode
-            whole = torch.cat([p.detach() for p in parts], dim=0)
+            old = [p.detach() for p in parts]
+            whole = torch.cat(old, dim=0)
             start = 0
             for p in parts:
                 p.data = whole[start:start + p.shape[0]]
                 start += p.shape[0]
+        for t in old:  # the parts' checkpoint pages, now read by nothing, need not stay resident
+            release_file_pages(t)
+        del old
     if any(id(p) in _INT8 for p in parts):
         mark_int8(whole)
     _WHOLE[key] = whole
