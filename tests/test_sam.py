@@ -325,6 +325,40 @@ def test_decomposed_attention_slices_give_the_same_numbers(budget, grad):
         assert q.grad is not None and torch.isfinite(q.grad).all()
 
 
+def test_decomposed_attention_measures_its_slice_size_once_per_shape(tmp_path, monkeypatch):
+    """Eager inference times every candidate slice budget at a shape's first call, keeps the fastest in the
+    calibration table, and gives the same numbers whichever it runs."""
+    from kestrel.runtime import calibrate
+    from kestrel.std import ops_attention
+
+    monkeypatch.setenv("KESTREL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("KESTREL_ATTENTION_BUDGET", raising=False)
+    monkeypatch.delenv("KESTREL_CALIBRATE", raising=False)
+    monkeypatch.setattr(ops_attention, "MIN_CALIBRATED_SCORES", 1)
+    monkeypatch.setattr(ops_attention, "SLICE_CANDIDATES", (4096, 1 << 20))
+    calibrate.forget()
+    runs: list[int] = []
+    attend = ops_attention._attend
+    monkeypatch.setattr(ops_attention, "_attend", lambda *a: runs.append(a[6]) or attend(*a))
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 36, 8) for _ in range(3))
+    rel_h, rel_w = torch.randn(2, 3, 36, 6), torch.randn(2, 3, 36, 6)
+    want = ops_attention.decomposed_attention(q, k, v, rel_h, rel_w, budget=1 << 20)
+    runs.clear()
+    with torch.inference_mode():
+        first = ops_attention.decomposed_attention(q, k, v, rel_h, rel_w)
+        assert sorted(runs) == sorted([4096, 1 << 20] * ops_attention.ROUNDS)  # every candidate, timed
+        entry = calibrate.table().shapes[ops_attention.budget_key(6, 36, 36, 8)]
+        assert int(entry["kernel"]) in (4096, 1 << 20) and len(entry["seconds"]) == 2
+        runs.clear()
+        second = ops_attention.decomposed_attention(q, k, v, rel_h, rel_w)
+        assert runs == [int(entry["kernel"])]  # cached: one run with the choice
+    calibrate.forget()
+    assert json.loads(calibrate.table().path.read_text())["shapes"][ops_attention.budget_key(6, 36, 36, 8)] == entry
+    assert rel_diff(first, want) <= 1e-6 and rel_diff(second, want) <= 1e-6
+    calibrate.forget()
+
+
 def test_cli_segment_point_writes_mask_and_overlay(small, tmp_path, capsys):
     import numpy as np
     from PIL import Image

@@ -98,7 +98,11 @@ class Table:
         return hit["kernel"] if hit else None
 
     def put(self, m: int, n: int, k: int, bias: bool, result: dict[str, Any]) -> None:
-        self.shapes[shape_key(m, n, k, bias)] = result
+        self.put_entry(shape_key(m, n, k, bias), result)
+
+    def put_entry(self, key: str, result: dict[str, Any]) -> None:
+        """Keep a measured choice under ``key`` (GEMM shapes, attention slice budgets) and save."""
+        self.shapes[key] = result
         self.save()
 
     def save(self) -> None:
@@ -150,8 +154,11 @@ def calibrate_model(call: Callable[[], Any]) -> list[tuple[str, dict[str, Any]]]
 
     Returns the shapes the call used with their entries, in first-use order.
     """
+    from ..std import ops_attention
+
     seen: list[str] = []
     original = kernels.choose
+    original_budget = ops_attention._calibrated_budget
 
     def spy(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
         name = original(x2d, weight, bias)
@@ -160,12 +167,20 @@ def calibrate_model(call: Callable[[], Any]) -> list[tuple[str, dict[str, Any]]]
             seen.append(s)
         return name
 
+    def spy_budget(q3: torch.Tensor, k3: torch.Tensor, *rest: Any) -> int | None:
+        s = ops_attention.budget_key(q3.shape[0], q3.shape[1], k3.shape[1], q3.shape[2])
+        if s not in seen:
+            seen.append(s)
+        return original_budget(q3, k3, *rest)
+
     kernels.choose = spy  # type: ignore[assignment]
+    ops_attention._calibrated_budget = spy_budget  # type: ignore[assignment]
     try:
         with torch.inference_mode():
             call()
     finally:
         kernels.choose = original  # type: ignore[assignment]
+        ops_attention._calibrated_budget = original_budget  # type: ignore[assignment]
     t = table()
     return [(s, t.shapes.get(s, {"kernel": kernels.forced() or kernels.DEFAULT, "gflops": {}})) for s in seen]
 
@@ -176,6 +191,11 @@ def format_choices(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
     head = f"  {'GEMM M x N x K':<22} {'chosen':<11} " + " ".join(f"{n:>11}" for n in names) + "  (GFLOP/s)"
     out = [head]
     for s, r in rows:
+        if s.startswith("attention "):  # a slice budget: seconds per candidate
+            times = ", ".join(f"{c} {t:.4g} s" for c, t in r.get("seconds", {}).items())
+            chosen = f"{int(r['kernel']) >> 20} MB slices" if str(r.get("kernel", "")).isdigit() else "-"
+            out.append(f"  {s:<34} {chosen}" + (f"  ({times})" if times else ""))
+            continue
         rates = r.get("gflops", {})
         cells = " ".join(f"{rates[n]:>11.1f}" if n in rates else f"{'-':>11}" for n in names)
         why = ""
