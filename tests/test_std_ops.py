@@ -574,3 +574,19 @@ def test_axes_through_a_variadic_run():
     report = check_block_class(_VariadicAxes)
     assert [d.function for d in report.diagnostics] == ["hidden"]
     assert "axis 0 of Tensor[*S, D; T] is hidden by the variadic run *S" in report.diagnostics[0].message
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_in_place_on_a_temporary_in_inference_out_of_place_under_autograd(approximate):
+    x = torch.randn(4, 9)
+    want = F.gelu(x, approximate=approximate)
+    t = x.clone()
+    with torch.inference_mode():
+        y = ops.gelu_(t, approximate=approximate)
+    assert y.data_ptr() == t.data_ptr() and torch.equal(y, want)  # the temporary was reused
+    g = x.clone().requires_grad_(True)
+    y = ops.gelu_(g, approximate=approximate)
+    assert y.data_ptr() != g.data_ptr() and torch.equal(y.detach(), want)
+    y.sum().backward()
+    assert g.grad is not None
+    assert both(ops.gelu_, torch.randn(2, 3)).shape == (2, 3)

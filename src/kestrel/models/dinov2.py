@@ -74,7 +74,7 @@ class EncoderLayer(Block):
 
     def forward(self, x: "Tensor[B, N, D; T]") -> "Tensor[B, N, D; T]":
         x = x + self.layer_scale1(self.attention(self.norm1(x)))
-        return x + self.layer_scale2(self.down(ops.gelu(self.up(self.norm2(x)))))
+        return x + self.layer_scale2(self.down(ops.gelu_(self.up(self.norm2(x)))))
 
 
 def _tokens(model, patches):

@@ -60,7 +60,7 @@ class GeluMlp(Block):
     lin2: Linear["Inner, D, T"]
 
     def forward(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
-        return self.lin2(ops.gelu(self.lin1(x)))
+        return self.lin2(ops.gelu_(self.lin1(x)))
 
 
 class ReluMlp(Block):

@@ -76,7 +76,7 @@ class GeluMlp(Block):
     proj_out: Linear["Inner, D, T"]
 
     def forward(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
-        return self.proj_out(ops.gelu(self.proj_in(x)))
+        return self.proj_out(ops.gelu_(self.proj_in(x)))
 
 
 class ReluMlp(Block):

@@ -63,7 +63,7 @@ class EncoderLayer(Block):
 
     def forward(self, x: "Tensor[B, N, D; T]") -> "Tensor[B, N, D; T]":
         x = x + self.attention(self.norm_before(x))
-        return x + self.down(ops.gelu(self.up(self.norm_after(x))))
+        return x + self.down(ops.gelu_(self.up(self.norm_after(x))))
 
 
 class Model(Block):
