@@ -394,8 +394,8 @@ class MaskDecoder(Block):
         queries, keys = self.transformer(tokens, image, per_prompt(image_pe))
 
         image = keys.transpose(2, 3).reshape(B * Pts, hd, GRID, GRID)
-        up = ops.gelu(self.upscale_layer_norm(self.upscale_conv1(image)))
-        up = ops.gelu(self.upscale_conv2(up)).reshape(B, Pts, hd // 8, side * side)
+        up = ops.gelu_(self.upscale_layer_norm(self.upscale_conv1(image)))
+        up = ops.gelu_(self.upscale_conv2(up)).reshape(B, Pts, hd // 8, side * side)
         mlps = (self.hyper_mlp_0, self.hyper_mlp_1, self.hyper_mlp_2, self.hyper_mlp_3)
         hyper = ops.stack([mlp(queries[:, :, 1 + i, :]) for i, mlp in enumerate(mlps)], dim=2)
         masks = ops.matmul(hyper, up).reshape(B, Pts, MASK_TOKENS, side, side)

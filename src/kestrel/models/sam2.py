@@ -565,8 +565,8 @@ class MaskDecoder(Block):
 
         image = keys.transpose(2, 3).reshape(B * Pts, hd, e, e)
         up = self.upscale_conv1(image) + per_prompt(self.conv_s1(hr1))
-        up = ops.gelu(self.upscale_layer_norm(up))
-        up = ops.gelu(self.upscale_conv2(up) + per_prompt(self.conv_s0(hr0)))
+        up = ops.gelu_(self.upscale_layer_norm(up))
+        up = ops.gelu_(self.upscale_conv2(up) + per_prompt(self.conv_s0(hr0)))
         up = up.reshape(B, Pts, hd // 8, 16 * e * e)
         mlps = self.output_hypernetworks_mlps
         hyper = ops.stack([mlps[i](queries[:, :, 2 + i, :]) for i in range(MASK_TOKENS)], dim=2)
