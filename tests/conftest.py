@@ -1,0 +1,21 @@
+"""Session-wide test settings."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_kestrel_cache(tmp_path_factory: pytest.TempPathFactory):
+    """Calibrations and downloads measured by the tests go to a temporary folder, never the user's cache
+    (and the user's cached choices never steer a test). A folder given in KESTREL_CACHE_DIR is kept."""
+    if "KESTREL_CACHE_DIR" in os.environ:
+        yield
+        return
+    os.environ["KESTREL_CACHE_DIR"] = str(tmp_path_factory.mktemp("kestrel-cache"))
+    try:
+        yield
+    finally:
+        os.environ.pop("KESTREL_CACHE_DIR", None)
