@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 
 # mallopt parameters (malloc.h)
@@ -39,7 +40,7 @@ def retain_freed_memory() -> bool:
         return _state["applied"]
     applied = False
     if os.environ.get("KESTREL_MALLOC", "").strip().lower() != "system":
-        libc = _glibc()
+        libc = glibc()
         if libc is not None:
             applied = bool(libc.mallopt(_M_MMAP_THRESHOLD, RETAIN_BYTES)) and bool(
                 libc.mallopt(_M_TRIM_THRESHOLD, TRIM_BYTES))
@@ -47,11 +48,14 @@ def retain_freed_memory() -> bool:
     return applied
 
 
-def _glibc() -> ctypes.CDLL | None:
+@functools.cache
+def glibc() -> ctypes.CDLL | None:
+    """The process's C library when it is glibc (with the prototypes Kestrel calls), else None."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.gnu_get_libc_version  # noqa: B018 - only glibc has it
         libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         return libc
     except (OSError, AttributeError):
         return None

@@ -9,17 +9,17 @@ pages are clean copies of the file, so ``madvise(MADV_DONTNEED)`` drops them at 
 content: if anything read them again they would come back from the file.
 
 Only whole pages inside a private mapping of a regular file are released; anonymous memory (the
-heap, or a tensor a user built) is never touched. Linux only; elsewhere nothing happens.
+heap, or a tensor a user built) is never touched. Linux with glibc only; elsewhere nothing happens.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import mmap
 import sys
 
 import torch
+
+from .allocator import glibc
 
 _MADV_DONTNEED = 4
 
@@ -52,11 +52,7 @@ def release_file_pages(tensor: torch.Tensor) -> int:
     end = start + tensor.numel() * tensor.element_size()
     page = mmap.PAGESIZE
     first, last = -(-start // page) * page, end // page * page
-    if last <= first or _file_mapping(start, end) is None:
+    libc = glibc()
+    if libc is None or last <= first or _file_mapping(start, end) is None:
         return 0
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        return last - first if libc.madvise(first, last - first, _MADV_DONTNEED) == 0 else 0
-    except (OSError, AttributeError):
-        return 0
+    return last - first if libc.madvise(first, last - first, _MADV_DONTNEED) == 0 else 0

@@ -211,13 +211,13 @@ def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             rejected[name] = f"differs from F.linear by {err:.1e}"
             continue
         live.append(name)
-    copies = min(MAX_COPIES, -(-COLD_BYTES // max(1, weight.numel() * weight.element_size())),
-                 int(PASS_FLOPS // max(flops, 1.0)))
-    copies = max(1, copies)
-    # one allocation for all copies: large enough that the allocator maps it apart and hands it back to
-    # the system when freed (many small clones would stay in the process's heap, counted as its memory)
-    stacked = weight.expand(copies - 1, *weight.shape).clone() if live and copies > 1 else weight.new_empty(0)
-    weights = [weight, *stacked.unbind(0)] if live else []
+    copies = max(1, min(MAX_COPIES, -(-COLD_BYTES // max(1, weight.numel() * weight.element_size())),
+                        int(PASS_FLOPS // max(flops, 1.0))))
+    weights = [weight]
+    if live and copies > 1:
+        # one allocation for all copies: large enough that the allocator maps it apart and hands it back
+        # to the system when freed (many small clones would stay in the process's heap, counted as its own)
+        weights += weight.expand(copies - 1, *weight.shape).clone().unbind(0)
     best = {name: float("inf") for name in live}
     lo, hi = CAL_ROUNDS
     start = time.perf_counter()
@@ -227,13 +227,12 @@ def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             t = time.perf_counter()
             for w in weights:  # one pass over cold weights, as a forward reads them
                 run(x, w, bias)
-            best[name] = min(best[name], (time.perf_counter() - t) / copies)
+            best[name] = min(best[name], (time.perf_counter() - t) / len(weights))
         if r + 1 >= lo and time.perf_counter() - start > budget_s:
             break
-    for w in weights:
+    for w in weights:  # packed copies made for timing: the chosen kernel packs its own
         _PACKED.pop(id(w), None)
-    del weights, stacked
-    # packed copies made for timing are dropped above: the chosen kernel packs its own
+    del weights
     gflops = {name: flops / t / 1e9 for name, t in best.items()}
     chosen = _pick(gflops)
     return {"kernel": chosen, "gflops": {nm: round(v, 2) for nm, v in gflops.items()}, "rejected": rejected,

@@ -210,12 +210,17 @@ def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     return F.gelu(x, approximate=approximate)
 
 
-@gelu.rule
-def _(x: SymTensor, approximate: str = "none") -> SymTensor:
-    if approximate not in ("none", "tanh"):
-        raise ShapeError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    float_dtype(x, "gelu")
-    return _t(x, x.dims)
+def _gelu_rule(name: str) -> Any:
+    """The type rule of ``gelu`` and of its in-place twin: same shape, a float, a known approximation."""
+    def rule(x: SymTensor, approximate: str = "none") -> SymTensor:
+        if approximate not in ("none", "tanh"):
+            raise ShapeError(f"{name}: approximate must be 'none' or 'tanh', got {approximate!r}")
+        float_dtype(x, name)
+        return _t(x, x.dims)
+    return rule
+
+
+gelu.rule(_gelu_rule("gelu"))
 
 
 @op("gelu_")
@@ -232,12 +237,7 @@ def gelu_(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     return F.gelu(x, approximate=approximate)
 
 
-@gelu_.rule
-def _(x: SymTensor, approximate: str = "none") -> SymTensor:
-    if approximate not in ("none", "tanh"):
-        raise ShapeError(f"gelu_: approximate must be 'none' or 'tanh', got {approximate!r}")
-    float_dtype(x, "gelu_")
-    return _t(x, x.dims)
+gelu_.rule(_gelu_rule("gelu_"))
 
 
 # ----------------------------------------------------------------------------- linear algebra
