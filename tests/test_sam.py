@@ -359,6 +359,17 @@ def test_decomposed_attention_measures_its_slice_size_once_per_shape(tmp_path, m
     calibrate.forget()
 
 
+@pytest.mark.parametrize("value", ["lots", "0", "-5"])
+def test_a_bad_attention_budget_is_a_usage_error_naming_the_variable(monkeypatch, value):
+    from kestrel.errors import UsageError
+    from kestrel.std.ops_attention import decomposed_attention
+
+    monkeypatch.setenv("KESTREL_ATTENTION_BUDGET", value)
+    q = torch.randn(1, 1, 4, 2)
+    with pytest.raises(UsageError, match=f"KESTREL_ATTENTION_BUDGET={value!r}: expected a positive number of bytes"):
+        decomposed_attention(q, q, q, torch.randn(1, 1, 4, 2), torch.randn(1, 1, 4, 2))
+
+
 def test_cli_segment_point_writes_mask_and_overlay(small, tmp_path, capsys):
     import numpy as np
     from PIL import Image

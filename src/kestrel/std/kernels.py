@@ -35,6 +35,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..errors import UsageError
+
 DEFAULT = "torch"
 # shapes under this many FLOPs are not worth timing: they run torch's default
 MIN_CALIBRATED_FLOPS = 2e6
@@ -147,7 +149,7 @@ def forced() -> str | None:
     if not name or name == "auto":
         return None
     if name not in KERNELS:
-        raise ValueError(f"KESTREL_LINEAR={name!r}: not a kernel here; available: {', '.join(KERNELS)} or auto")
+        raise UsageError(f"KESTREL_LINEAR={name!r}: not a kernel here; available: {', '.join(KERNELS)} or auto")
     return name
 
 

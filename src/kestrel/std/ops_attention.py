@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ..checker.symbolic import ShapeError, SymTensor, op
+from ..errors import UsageError
 from . import kernels
 from .ops import _t, same, same_dtype
 
@@ -37,8 +38,14 @@ MIN_CALIBRATED_SCORES = 1 << 22  # smaller problems take the default: not worth 
 
 
 def _forced_budget() -> int | None:
+    """The slice budget ``KESTREL_ATTENTION_BUDGET`` fixes (bytes), or None when it is unset."""
     value = os.environ.get("KESTREL_ATTENTION_BUDGET", "").strip()
-    return int(value) if value else None
+    if not value:
+        return None
+    if not value.isdigit() or int(value) <= 0:
+        raise UsageError(f"KESTREL_ATTENTION_BUDGET={value!r}: expected a positive number of bytes "
+                         f"(e.g. {16 << 20} for 16 MB slices), or unset to measure the best")
+    return int(value)
 
 
 def budget_key(b: int, n: int, m: int, d: int) -> str:
