@@ -4,6 +4,7 @@ every path the calibration may pick keeps parity, and the fused q/k/v projection
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ import kestrel
 from kestrel.runtime import calibrate
 from kestrel.std import kernels, ops
 from reference import rel_diff, seeded
+from test_pages import _resident_pages
 
 
 @pytest.fixture(autouse=True)
@@ -46,15 +48,14 @@ def test_measure_times_every_candidate_and_rejects_a_wrong_one(monkeypatch):
     x, w, b = _data()
     wrong = kernels.Kernel("wrong", "test", lambda x, w, b: F.linear(x, w, b) * 1.001)
     monkeypatch.setitem(kernels.KERNELS, "wrong", wrong)
-    monkeypatch.setenv("KESTREL_WEIGHT_COPIES", "1")
     res = kernels.measure(x, w, b, budget_s=0.01)
     assert "wrong" in res["rejected"] and "differs" in res["rejected"]["wrong"]
     assert set(res["gflops"]) == set(kernels.KERNELS) - {"wrong"}
     assert res["kernel"] in res["gflops"] and all(v > 0 for v in res["gflops"].values())
     assert res["kernel"] == kernels._pick(res["gflops"])
-    monkeypatch.delenv("KESTREL_WEIGHT_COPIES")
-    copying = {n for n, k in kernels.KERNELS.items() if k.copies_weight}
-    assert not copying & set(kernels.measure(x, w, b, budget_s=0.01)["gflops"])  # memory first, by default
+    # the fallback for weights that cannot be packed at no memory cost reads the weight in place
+    in_place = {n: r for n, r in res["gflops"].items() if not kernels.KERNELS[n].copies_weight}
+    assert res["in_place"] == kernels._pick(in_place) and not kernels.KERNELS[res["in_place"]].copies_weight
 
 
 def test_measure_streams_cold_copies_of_a_small_weight_and_drops_them(monkeypatch):
@@ -76,15 +77,88 @@ def test_measure_streams_cold_copies_of_a_small_weight_and_drops_them(monkeypatc
     assert set(seen) == {w.data_ptr()}
 
 
-def test_the_pick_prefers_the_default_within_noise_and_copies_only_for_a_clear_win(monkeypatch):
-    run = kernels.KERNELS["torch"].run
-    monkeypatch.setattr(kernels, "KERNELS", {"torch": kernels.Kernel("torch", "t", run),
-                                             "a": kernels.Kernel("a", "t", run),
-                                             "packed": kernels.Kernel("packed", "t", run, copies_weight=True)})
-    assert kernels._pick({"torch": 100, "a": 102, "packed": 105}) == "torch"   # within noise: the default
-    assert kernels._pick({"torch": 100, "a": 110, "packed": 115}) == "a"       # a copy must win by 10%
-    assert kernels._pick({"torch": 100, "a": 101, "packed": 130}) == "packed"
+def test_the_pick_prefers_the_default_within_noise():
+    assert kernels._pick({"torch": 100, "a": 102, "packed": 101}) == "torch"   # within noise: the default
+    assert kernels._pick({"torch": 100, "a": 110, "packed": 115}) == "packed"
     assert kernels._pick({"a": 50}) == "a"
+    assert kernels._pick({}) == "torch"
+
+
+needs_packed = pytest.mark.skipif("mkl-packed" not in kernels.KERNELS or not sys.platform.startswith("linux"),
+                                  reason="MKL's packed GEMM (x86 builds of torch) and Linux's /proc")
+
+
+def _file_weights(tmp_path, *shapes):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(3)
+    save_file({f"w{i}": torch.randn(*s, generator=g) for i, s in enumerate(shapes)}, str(tmp_path / "w.safetensors"))
+    with safe_open(str(tmp_path / "w.safetensors"), framework="pt") as f:
+        return [torch.nn.Parameter(f.get_tensor(f"w{i}"), requires_grad=False) for i in range(len(shapes))]
+
+
+def _calibrated(monkeypatch, winner: str, fallback: str = "torch"):
+    """Every shape calibrates to ``winner`` (the in-place fallback: ``fallback``), without timing."""
+    def fake(x, w, b, kernels_=None, budget_s=0.0):
+        return {"kernel": winner, "in_place": fallback, "gflops": {}, "rejected": {}, "rows": x.shape[0]}
+    monkeypatch.setattr(kernels, "measure", fake)
+    monkeypatch.setattr(kernels, "MIN_CALIBRATED_FLOPS", 0)
+
+
+@needs_packed
+def test_a_checkpoint_weight_runs_packed_in_the_place_of_its_file_pages(tmp_path, monkeypatch):
+    from kestrel.runtime.pages import file_pages
+
+    _calibrated(monkeypatch, "mkl-packed", "onednn" if "onednn" in kernels.KERNELS else "torch")
+    monkeypatch.delenv("KESTREL_WEIGHT_COPIES", raising=False)
+    (w,) = _file_weights(tmp_path, (512, 256))
+    x, b = torch.randn(64, 256), torch.randn(512)
+    want = F.linear(x, w, b)
+    with torch.no_grad():
+        assert kernels.choose(x, w, b) == "mkl-packed"
+        assert rel_diff(ops.linear(x, w, b), want) < 1e-6
+    assert id(w) in kernels._PACKED and file_pages(w)
+    assert _resident_pages(w) == 0  # the weight's own pages were handed back after packing
+    # the same shape on a weight built in memory: packing it would be a second copy, so the in-place
+    # kernel runs, unless KESTREL_WEIGHT_COPIES=1 allows the copy
+    heap = torch.nn.Parameter(w.clone(), requires_grad=False)
+    in_place = "onednn" if "onednn" in kernels.KERNELS else "torch"
+    with torch.no_grad():
+        assert kernels.choose(x, heap, b) == in_place
+        monkeypatch.setenv("KESTREL_WEIGHT_COPIES", "1")
+        assert kernels.choose(x, heap, b) == "mkl-packed"
+        monkeypatch.delenv("KESTREL_WEIGHT_COPIES")
+        assert kernels.choose(x, w[:], b) == in_place  # a view made per call would be packed per call
+        # written to after packing: no longer the file's pages; the stale packed copy goes, numbers follow
+        w.mul_(2)
+        assert kernels.choose(x, w, b) != "mkl-packed" and id(w) not in kernels._PACKED
+        assert rel_diff(ops.linear(x, w, b), F.linear(x, w, b)) < 1e-6
+
+
+@needs_packed
+def test_a_packed_weight_keeps_one_layout(tmp_path, monkeypatch):
+    _calibrated(monkeypatch, "mkl-packed")
+    (w,) = _file_weights(tmp_path, (256, 128))
+    with torch.no_grad():
+        for rows in (8, 32, 8):
+            x = torch.randn(rows, 128)
+            assert rel_diff(ops.linear(x, w), F.linear(x, w)) < 1e-6
+            assert kernels._PACKED[id(w)][2] == rows
+
+
+@needs_packed
+def test_fused_projection_of_packed_parts_runs_them_apart(tmp_path, monkeypatch):
+    _calibrated(monkeypatch, "mkl-packed")
+    ws = _file_weights(tmp_path, (96, 64), (96, 64), (96, 64))
+    bs = [torch.randn(96) for _ in ws]
+    x = torch.randn(2, 10, 64)
+    with torch.no_grad():
+        outs = ops.fused_linear(x, ws, bs)
+    for o, w, b in zip(outs, ws, bs):
+        assert rel_diff(o, F.linear(x, w, b)) < 1e-6
+    assert kernels.adjacent(ws) is None  # not concatenated: each part packed in its file pages' place
+    assert all(id(w) in kernels._PACKED for w in ws)
 
 
 def test_choice_is_measured_once_and_cached_per_thread_count(tmp_path, monkeypatch):

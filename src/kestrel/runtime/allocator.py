@@ -16,10 +16,12 @@ the C library is not glibc.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
 import os
+from collections.abc import Iterator
 
 # mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -29,6 +31,8 @@ _M_MMAP_THRESHOLD = -3
 # but the fragmented heap doubled its high-water mark (2059 MB against 1053); with 32 MiB it is
 # unchanged there, ViT-B/16 at batch 8 loses its page faults and SAM's encoder half of them.
 RETAIN_BYTES = 32 << 20
+# inside mapped_apart(): blocks from this size up are mapped apart from the heap
+APART_BYTES = 1 << 20
 TRIM_BYTES = 1 << 30
 
 _state: dict[str, bool] = {}
@@ -46,6 +50,28 @@ def retain_freed_memory() -> bool:
                 libc.mallopt(_M_TRIM_THRESHOLD, TRIM_BYTES))
     _state["applied"] = applied
     return applied
+
+
+@contextlib.contextmanager
+def mapped_apart() -> Iterator[None]:
+    """Large blocks allocated inside are mapped on their own, not carved from the retained heap.
+
+    For long-lived blocks whose size overstates what is written (MKL's packed weights reserve ~2.6x
+    the bytes they fill): fresh pages are resident only once written, and such a block is returned to
+    the system when freed. From recycled heap memory the whole block would count as resident.
+    """
+    lowered = _state.get("applied", False)
+    libc = glibc() if lowered else None
+    if libc is not None:
+        libc.mallopt(_M_MMAP_THRESHOLD, APART_BYTES)
+        # a block may still be carved from a free chunk of the heap, whose pages a freed activation
+        # left resident: hand those back first, so only what is written becomes resident again
+        libc.malloc_trim(0)
+    try:
+        yield
+    finally:
+        if libc is not None:
+            libc.mallopt(_M_MMAP_THRESHOLD, RETAIN_BYTES)
 
 
 @functools.cache

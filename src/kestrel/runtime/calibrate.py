@@ -27,7 +27,8 @@ from ..std import kernels
 from .cache import cache_dir as kestrel_cache_dir
 from .cache import location_key
 
-VERSION = 2  # of the file format and of the measuring procedure (2: streamed, cold weights)
+VERSION = 3  # of the file format and of the measuring procedure (2: streamed, cold weights; 3: packed always
+# measured, with the in-place fallback)
 
 
 def cache_dir() -> Path:
@@ -93,8 +94,12 @@ class Table:
         except (OSError, ValueError) as e:  # a corrupt cache is measured again, not trusted
             self.load_error = f"{path}: {e}"
 
+    def entry(self, m: int, n: int, k: int, bias: bool) -> dict[str, Any] | None:
+        """What was measured for this GEMM shape (``kernel``, ``in_place``, ``gflops``, ...), or None."""
+        return self.shapes.get(shape_key(m, n, k, bias))
+
     def get(self, m: int, n: int, k: int, bias: bool) -> str | None:
-        hit = self.shapes.get(shape_key(m, n, k, bias))
+        hit = self.entry(m, n, k, bias)
         return hit["kernel"] if hit else None
 
     def put(self, m: int, n: int, k: int, bias: bool, result: dict[str, Any]) -> None:

@@ -10,11 +10,17 @@ content: if anything read them again they would come back from the file.
 
 Only whole pages inside a private mapping of a regular file are released; anonymous memory (the
 heap, or a tensor a user built) is never touched. Linux with glibc only; elsewhere nothing happens.
+
+A parameter that stays in use may also have its pages released (a packed GEMM copy of it does the
+reading), but only when :func:`file_pages` shows that every resident page under it is still the
+file's own: a page written since it was mapped is a private copy, and releasing it would bring the
+file's old bytes back.
 """
 
 from __future__ import annotations
 
 import mmap
+import struct
 import sys
 
 import torch
@@ -22,6 +28,8 @@ import torch
 from .allocator import glibc
 
 _MADV_DONTNEED = 4
+# /proc/self/pagemap: one 64-bit entry per virtual page
+_PRESENT, _SWAPPED, _FILE = 1 << 63, 1 << 62, 1 << 61
 
 
 def _file_mapping(start: int, end: int) -> str | None:
@@ -40,6 +48,40 @@ def _file_mapping(start: int, end: int) -> str | None:
     return None
 
 
+def _whole_pages(tensor: torch.Tensor) -> tuple[int, int]:
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    page = mmap.PAGESIZE
+    return -(-start // page) * page, end // page * page
+
+
+def file_pages(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s whole pages lie in a private file mapping and none of them was written since
+    it was mapped (each is resident as the file's own page, or not resident and not in swap): only then
+    can :func:`release_file_pages` drop them while the tensor stays in use."""
+    if not sys.platform.startswith("linux") or tensor.device.type != "cpu" or not tensor.is_contiguous():
+        return False
+    first, last = _whole_pages(tensor)
+    if last <= first or _file_mapping(first, last) is None:
+        return False
+    page = mmap.PAGESIZE
+    try:
+        with open("/proc/self/pagemap", "rb") as f:
+            f.seek(first // page * 8)
+            raw = f.read((last - first) // page * 8)
+    except OSError:
+        return False
+    if len(raw) != (last - first) // page * 8:
+        return False
+    for (entry,) in struct.iter_unpack("<Q", raw):
+        if entry & _PRESENT:
+            if not entry & _FILE:  # a private copy: the only holder of what was written
+                return False
+        elif entry & _SWAPPED:
+            return False
+    return True
+
+
 def release_file_pages(tensor: torch.Tensor) -> int:
     """Drop the resident whole pages under ``tensor``'s bytes when they are a private file mapping.
 
@@ -48,11 +90,8 @@ def release_file_pages(tensor: torch.Tensor) -> int:
     """
     if not sys.platform.startswith("linux") or tensor.device.type != "cpu" or not tensor.is_contiguous():
         return 0
-    start = tensor.data_ptr()
-    end = start + tensor.numel() * tensor.element_size()
-    page = mmap.PAGESIZE
-    first, last = -(-start // page) * page, end // page * page
+    first, last = _whole_pages(tensor)
     libc = glibc()
-    if libc is None or last <= first or _file_mapping(start, end) is None:
+    if libc is None or last <= first or _file_mapping(first, last) is None:
         return 0
     return last - first if libc.madvise(first, last - first, _MADV_DONTNEED) == 0 else 0

@@ -13,9 +13,13 @@ Candidates (each a real library path torch ships):
 
     torch        ``F.linear``: torch's default (addmm, MKL's sgemm on x86 builds)
     onednn       oneDNN's matmul primitive (``torch.ops.mkldnn._linear_pointwise``)
-    mkl-packed   MKL's packed GEMM (``torch.ops.mkl._mkl_linear``): the weight pre-packed once per
-                 (weight, rows), as inductor's freezing does; costs a packed copy of the weight, so it
-                 is a candidate only with ``KESTREL_WEIGHT_COPIES=1``
+    mkl-packed   MKL's packed GEMM (``torch.ops.mkl._mkl_linear``): the weight packed once into the
+                 layout MKL's kernel reads (per weight and row count, as inductor's freezing and
+                 onnxruntime's prepacking do). The packed copy replaces the weight in memory: a
+                 checkpoint weight is clean pages of its file mapping, which are handed back once it
+                 is packed (:mod:`kestrel.runtime.pages`; read again from the file if anything reads
+                 the parameter). A weight that is not (built in memory, converted, written to) runs
+                 the fastest other kernel instead, unless ``KESTREL_WEIGHT_COPIES=1`` allows the copy
 
 Compiled, traced and exported graphs, autograd, other dtypes and devices always take ``F.linear``
 (inductor makes its own choice there). ``KESTREL_LINEAR=torch|onednn|mkl-packed`` forces one path;
@@ -44,10 +48,8 @@ MIN_CALIBRATED_FLOPS = 2e6
 CAL_ROWS = 2048
 CAL_BUDGET_S = 0.4
 CAL_ROUNDS = (3, 12)  # at least, at most
-# a candidate replaces torch's default only when it is this much faster (noise on shared machines);
-# one that keeps a copy of every weight (more memory) only when it beats the others by COPY_MARGIN
+# a candidate replaces torch's default only when it is this much faster (noise on shared machines)
 MARGIN = 0.03
-COPY_MARGIN = 0.10
 # a candidate must match F.linear to this relative error (max |diff| / max |ref|) to be eligible
 CHECK_TOL = 1e-5
 # In a model every weight is read once per forward, after all the others: it comes from memory, not
@@ -68,7 +70,7 @@ class Kernel:
     name: str
     library: str
     run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
-    copies_weight: bool = False  # holds a re-laid-out copy of each weight it runs (memory)
+    copies_weight: bool = False  # runs on a re-laid-out copy of each weight (see packs_in_place)
 
 
 def _torch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -79,8 +81,9 @@ def _onednn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.T
     return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
 
 
-# packed MKL weights: id(weight) -> (weakref, version, {rows: packed})
-_PACKED: dict[int, tuple[weakref.ref, int, dict[int, torch.Tensor]]] = {}
+# packed MKL weights: id(weight) -> (weakref, version, rows, packed). One layout per weight: a new
+# row count replaces the old layout rather than keeping a second copy
+_PACKED: dict[int, tuple[weakref.ref, int, int, torch.Tensor]] = {}
 
 
 def _version(t: torch.Tensor) -> int:
@@ -91,15 +94,55 @@ def _version(t: torch.Tensor) -> int:
 
 
 def _packed(w: torch.Tensor, rows: int) -> torch.Tensor:
-    entry = _PACKED.get(id(w))
-    if entry is None or entry[0]() is not w or entry[1] != _version(w):
-        key = id(w)
-        entry = (weakref.ref(w, lambda _r, k=key: _PACKED.pop(k, None)), _version(w), {})
+    key = id(w)
+    entry = _PACKED.pop(key, None)
+    if entry is not None and entry[0]() is w and entry[1] == _version(w) and entry[2] == rows:
         _PACKED[key] = entry
-    table = entry[2]
-    if rows not in table:
-        table[rows] = torch.ops.mkl._mkl_reorder_linear_weight(w, rows)
-    return table[rows]
+        return entry[3]
+    del entry  # the old layout goes before the new one is made
+    from ..runtime.allocator import mapped_apart
+
+    with mapped_apart():
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(w, rows)
+    _PACKED[key] = (weakref.ref(w, lambda _r, k=key: _PACKED.pop(k, None)), _version(w), rows, packed)
+    if type(w) is torch.nn.Parameter and _in_place_verdict(w):  # the packed copy now does the reading:
+        # the file's pages need not stay resident
+        from ..runtime.pages import release_file_pages
+
+        release_file_pages(w)
+    return packed
+
+
+# id(weight) -> (weakref, version, whether packing it costs no memory)
+_IN_PLACE: dict[int, tuple[weakref.ref, int, bool]] = {}
+
+
+def _in_place_verdict(w: torch.Tensor) -> bool:
+    entry = _IN_PLACE.get(id(w))
+    if entry is not None and entry[0]() is w and entry[1] == _version(w):
+        return entry[2]
+    from ..runtime.pages import file_pages
+
+    verdict = file_pages(w)
+    key = id(w)
+    _IN_PLACE[key] = (weakref.ref(w, lambda _r, k=key: _IN_PLACE.pop(k, None)), _version(w), verdict)
+    return verdict
+
+
+def packs_in_place(w: torch.Tensor) -> bool:
+    """Whether a kernel that runs on a re-laid-out copy of ``w`` may take it: the copy costs no memory
+    (``w`` is a parameter held in clean pages of a checkpoint's file mapping, handed back once it is
+    packed), or ``KESTREL_WEIGHT_COPIES=1`` allows a second copy.
+
+    Only parameters qualify: a view made per call (``w[:D]``) would be packed again on every call.
+    An inference tensor has no version counter, so a write to one in inference mode goes unseen.
+    """
+    if type(w) is not torch.nn.Parameter:
+        return False
+    if copies_allowed() or _in_place_verdict(w):
+        return True
+    _PACKED.pop(id(w), None)  # a weight written to since it was packed: its stale copy goes
+    return False
 
 
 def _mkl_packed(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -154,9 +197,9 @@ def forced() -> str | None:
 
 
 def copies_allowed() -> bool:
-    """Kernels that keep a re-laid-out copy of every weight they run (``mkl-packed``) cost memory; a
-    measured run (ViT-B/16, batch 8) had them add ~400 MB, well above transformers' peak. They are
-    candidates only with ``KESTREL_WEIGHT_COPIES=1`` (or forced with ``KESTREL_LINEAR``)."""
+    """``KESTREL_WEIGHT_COPIES=1``: kernels that run on a re-laid-out copy of each weight (``mkl-packed``)
+    may take weights whose memory cannot be handed back after packing (built in memory, converted or
+    written to), at the cost of a second copy of those weights."""
     return os.environ.get("KESTREL_WEIGHT_COPIES", "0") == "1"
 
 
@@ -165,7 +208,11 @@ def calibration_enabled() -> bool:
 
 
 def choose(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
-    """The kernel for this call's shape: forced, cached, calibrated now, or torch's default."""
+    """The kernel for this call's shape: forced, cached, calibrated now, or torch's default.
+
+    A calibrated choice that runs on a packed copy of the weight stands only where packing this weight
+    costs no memory (:func:`packs_in_place`); elsewhere the fastest kernel that reads it in place runs.
+    """
     name = forced()
     if name is not None:
         return name
@@ -174,14 +221,17 @@ def choose(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
     m, k = x2d.shape
     n = weight.shape[0]
     table = calibrate.table()
-    hit = table.get(m, n, k, bias is not None)
-    if hit is not None and hit in KERNELS:
-        return hit
-    if not calibration_enabled() or 2.0 * m * n * k < MIN_CALIBRATED_FLOPS or len(KERNELS) == 1:
-        return DEFAULT
-    result = measure(x2d, weight, bias)
-    table.put(m, n, k, bias is not None, result)
-    return result["kernel"]
+    entry = table.entry(m, n, k, bias is not None)
+    if entry is None or entry.get("kernel") not in KERNELS:
+        if not calibration_enabled() or 2.0 * m * n * k < MIN_CALIBRATED_FLOPS or len(KERNELS) == 1:
+            return DEFAULT
+        entry = measure(x2d, weight, bias)
+        table.put(m, n, k, bias is not None, entry)
+    name = entry["kernel"]
+    if KERNELS[name].copies_weight and not packs_in_place(weight):
+        fallback = entry.get("in_place", DEFAULT)
+        return fallback if fallback in KERNELS else DEFAULT
+    return name
 
 
 def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -191,9 +241,11 @@ def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     Each timing is a pass over enough copies of the weight (COLD_BYTES) that none is in cache when it
     is read, as in a model's forward; the copies live only while measuring.
 
-    Returns ``{"kernel": chosen, "gflops": {name: best rate}, "rejected": {name: why}, "rows": timed rows}``.
+    Returns ``{"kernel": chosen, "in_place": the fastest that reads the weight in place (for weights that
+    cannot be packed at no memory cost), "gflops": {name: best rate}, "rejected": {name: why},
+    "rows": timed rows}``.
     """
-    names = list(kernels or [n for n, k in KERNELS.items() if copies_allowed() or not k.copies_weight])
+    names = list(kernels or KERNELS)
     x = x2d[:CAL_ROWS]
     m, k = x.shape
     n = weight.shape[0]
@@ -236,22 +288,18 @@ def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         _PACKED.pop(id(w), None)
     del weights
     gflops = {name: flops / t / 1e9 for name, t in best.items()}
-    chosen = _pick(gflops)
-    return {"kernel": chosen, "gflops": {nm: round(v, 2) for nm, v in gflops.items()}, "rejected": rejected,
-            "rows": m}
+    in_place = _pick({nm: r for nm, r in gflops.items() if not KERNELS[nm].copies_weight})
+    return {"kernel": _pick(gflops), "in_place": in_place, "gflops": {nm: round(v, 2) for nm, v in gflops.items()},
+            "rejected": rejected, "rows": m}
 
 
 def _pick(gflops: dict[str, float]) -> str:
-    """The fastest in-place kernel (torch's default unless beaten by MARGIN), unless one that copies the
-    weights beats it by COPY_MARGIN."""
-    free = {n: r for n, r in gflops.items() if not KERNELS[n].copies_weight}
-    copying = {n: r for n, r in gflops.items() if KERNELS[n].copies_weight}
-    chosen = max(free, key=lambda n: free[n]) if free else DEFAULT
-    if DEFAULT in free and free[chosen] < free[DEFAULT] * (1 + MARGIN):
+    """The fastest kernel; torch's default unless beaten by MARGIN."""
+    if not gflops:
+        return DEFAULT
+    chosen = max(gflops, key=lambda n: gflops[n])
+    if DEFAULT in gflops and gflops[chosen] < gflops[DEFAULT] * (1 + MARGIN):
         chosen = DEFAULT
-    best_copy = max(copying, key=lambda n: copying[n]) if copying else None
-    if best_copy is not None and copying[best_copy] > gflops.get(chosen, 0.0) * (1 + COPY_MARGIN):
-        chosen = best_copy
     return chosen
 
 
@@ -422,6 +470,18 @@ def fuse_in_place(parts: Sequence[torch.Tensor]) -> torch.Tensor:
     return whole
 
 
+def _packs_parts(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None]) -> bool:
+    """Whether every part of a fused projection would run on its own packed copy (same-shaped parts
+    whose shape calibrated to a packing kernel, each packable at no memory cost)."""
+    first = weights[0]
+    if x.numel() == 0 or any(w.shape != first.shape for w in weights):
+        return False
+    x2d = x.reshape(-1, x.shape[-1])
+    if not x2d.is_contiguous():
+        x2d = x2d.contiguous()
+    return all(KERNELS[choose(x2d, w, b)].copies_weight for w, b in zip(weights, biases))
+
+
 def fused_linear(x: torch.Tensor, weights: Sequence[torch.Tensor],
                  biases: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor, ...]:
     """Several projections of one input as one GEMM: ``linear(x, cat(weights), cat(biases))``, split."""
@@ -436,6 +496,10 @@ def fused_linear(x: torch.Tensor, weights: Sequence[torch.Tensor],
     params = [*weights, *(b for b in biases if b is not None)]
     eager = (eager_ok(x, weights[0]) and not any(p.requires_grad for p in params)
              and all(type(p) in (torch.Tensor, torch.nn.Parameter) for p in params))
+    if eager and _packs_parts(x, weights, biases):
+        # each part runs packed: the packed copies replace the checkpoint's pages, where a fused
+        # buffer would be a second copy in memory (and packed parts outrun any fused in-place GEMM)
+        return tuple(linear(x, w, b) for w, b in zip(weights, biases))
     if eager:
         weight = fuse_in_place(weights)
         if all(has_bias):
