@@ -148,8 +148,34 @@ def test_a_packed_weight_keeps_one_layout(tmp_path, monkeypatch):
 
 
 @needs_packed
-def test_fused_projection_of_packed_parts_runs_them_apart(tmp_path, monkeypatch):
+def test_fused_projection_packs_as_one_gemm_in_the_place_of_the_parts_pages(tmp_path, monkeypatch):
     _calibrated(monkeypatch, "mkl-packed")
+    ws = _file_weights(tmp_path, (96, 64), (96, 64), (96, 64))
+    bs = [torch.randn(96), None, torch.randn(96)]
+    x = torch.randn(2, 10, 64)
+    wants = [F.linear(x, w, b) for w, b in zip(ws, bs)]  # read now: reading a weight faults its pages in
+    with torch.no_grad():
+        for _ in range(2):
+            outs = ops.fused_linear(x, ws, bs)
+            for o, want in zip(outs, wants):
+                assert rel_diff(o, want) < 1e-6
+    group = kernels._GROUPS[tuple(id(w) for w in ws)]
+    assert group.rows == 20 and group.shape.shape == (288, 64)
+    assert kernels.adjacent(ws) is None  # no fused buffer: the parameters stay where they were
+    assert all(_resident_pages(w) == 0 for w in ws)  # their pages handed back to the file
+    with torch.no_grad():  # written to: the group is not used any more, and the numbers follow
+        ws[1].mul_(3)
+        outs = ops.fused_linear(x, ws, bs)
+    assert rel_diff(outs[1], F.linear(x, ws[1])) < 1e-6
+
+
+@needs_packed
+def test_fused_projection_of_packed_parts_runs_them_apart(tmp_path, monkeypatch):
+    def fake(x, w, b, kernels_=None, budget_s=0.0):  # the parts' shape packs, the fused one does not
+        name = "torch" if w.shape[0] == 288 else "mkl-packed"
+        return {"kernel": name, "in_place": "torch", "gflops": {}, "rejected": {}, "rows": x.shape[0]}
+    monkeypatch.setattr(kernels, "measure", fake)
+    monkeypatch.setattr(kernels, "MIN_CALIBRATED_FLOPS", 0)
     ws = _file_weights(tmp_path, (96, 64), (96, 64), (96, 64))
     bs = [torch.randn(96) for _ in ws]
     x = torch.randn(2, 10, 64)
@@ -159,6 +185,7 @@ def test_fused_projection_of_packed_parts_runs_them_apart(tmp_path, monkeypatch)
         assert rel_diff(o, F.linear(x, w, b)) < 1e-6
     assert kernels.adjacent(ws) is None  # not concatenated: each part packed in its file pages' place
     assert all(id(w) in kernels._PACKED for w in ws)
+
 
 
 def test_choice_is_measured_once_and_cached_per_thread_count(tmp_path, monkeypatch):
@@ -186,6 +213,26 @@ def test_choice_is_measured_once_and_cached_per_thread_count(tmp_path, monkeypat
     other = torch.get_num_threads() + 1
     assert calibrate.key_digest(calibrate.machine_key(other)) != files[0].stem
     assert calibrate.table(other).get(512, 256, 256, True) is None
+
+
+def test_a_linear_decides_once_per_weight_and_row_count_until_written_or_forgotten(monkeypatch):
+    x, w, b = _data()
+    calls = []
+    real = kernels.choose
+    monkeypatch.setattr(kernels, "choose", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setenv("KESTREL_LINEAR", "torch")
+    with torch.no_grad():
+        ops.linear(x, w, b)
+        ops.linear(x, w, b)
+        assert len(calls) == 1  # the steady state: one lookup, no settings or table read
+        ops.linear(x[:10], w, b)
+        assert len(calls) == 2  # another row count is decided apart
+        w.mul_(1.0)
+        ops.linear(x, w, b)
+        assert len(calls) == 3  # a weight written to is decided again
+        calibrate.forget()
+        ops.linear(x, w, b)
+        assert len(calls) == 4  # and all of them after a forget (settings changed mid-process)
 
 
 def test_a_corrupt_cache_is_measured_again(tmp_path):

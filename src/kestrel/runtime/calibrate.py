@@ -138,8 +138,10 @@ def table(threads: int | None = None) -> Table:
 
 
 def forget() -> None:
-    """Drop the in-memory tables (the files stay): the next call reads the cache directory again."""
+    """Drop the in-memory tables (the files stay) and every linear's remembered decision: the next call
+    reads the settings and the cache directory again."""
     _TABLES.clear()
+    kernels.forget_decisions()
 
 
 def reset() -> list[Path]:
@@ -178,6 +180,7 @@ def calibrate_model(call: Callable[[], Any]) -> list[tuple[str, dict[str, Any]]]
             seen.append(s)
         return original_budget(q3, k3, *rest)
 
+    kernels.forget_decisions()  # every linear decides (and is seen) afresh
     kernels.choose = spy  # type: ignore[assignment]
     ops_attention._calibrated_budget = spy_budget  # type: ignore[assignment]
     try:
