@@ -233,6 +233,8 @@ def gelu_(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     out-of-place op. Never pass a tensor the caller still uses.
     """
     if kernels.plain_inference(x):
+        if approximate == "tanh":
+            return kernels.gelu_tanh_(x)
         return torch.ops.aten.gelu_(x, approximate=approximate)
     return F.gelu(x, approximate=approximate)
 
