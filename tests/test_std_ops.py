@@ -247,6 +247,37 @@ def test_attention_rule_rejects_mismatches():
         rule(ops.attention, q, k, rand(2, 7, 4), bias=rand(5, 6))
 
 
+def _heads_attention(q, k, v, heads):
+    """The reference: per head, softmax(q_h k_h^T / sqrt(d)) v_h, heads side by side."""
+    outs = []
+    for qh, kh, vh in zip(q.chunk(heads, -1), k.chunk(heads, -1), v.chunk(heads, -1)):
+        w = torch.softmax(qh @ kh.transpose(-1, -2) / math.sqrt(qh.shape[-1]), dim=-1)
+        outs.append(w @ vh)
+    return torch.cat(outs, -1)
+
+
+@pytest.mark.parametrize("nq,nk", [(300, 7), (7, 300), (5, 5)])  # few keys (block-diagonal GEMMs) or SDPA
+def test_multihead_attention_on_unsplit_projections(nq, nk):
+    q, k, v = rand(2, 1, nq, 32), rand(2, 1, nk, 32), rand(2, 1, nk, 16)
+    want = _heads_attention(q, k, v, 4)
+    with torch.inference_mode():
+        out = both(ops.multihead_attention, q, k, v, 4)
+    assert out.shape == (2, 1, nq, 16)
+    close(out, want, 1e-5)
+    g = q.clone().requires_grad_(True)  # autograd (and graphs) take SDPA on head views
+    out = ops.multihead_attention(g, k, v, 4)
+    close(out.detach(), want, 1e-5)
+    out.sum().backward()
+    assert g.grad is not None
+
+
+def test_multihead_attention_rule_needs_the_heads_to_divide_the_widths():
+    with pytest.raises(ShapeError, match="cannot prove 3 heads divide the width 32"):
+        rule(ops.multihead_attention, rand(2, 5, 32), rand(2, 7, 32), rand(2, 7, 16), 3)
+    with pytest.raises(ShapeError, match="key and value lengths differ"):
+        rule(ops.multihead_attention, rand(2, 5, 32), rand(2, 7, 32), rand(2, 6, 16), 4)
+
+
 # ---------------------------------------------------------------------------------- elementwise
 
 

@@ -201,7 +201,8 @@ def _signature(args: tuple, kwargs: dict) -> tuple | None:
     items = [*args, *kwargs.values()]
     if not all(type(a) in (torch.Tensor, torch.nn.Parameter) for a in items):
         return None
-    return (tuple((tuple(a.shape), a.dtype) for a in args), tuple((k, tuple(v.shape), v.dtype) for k, v in kwargs.items()))
+    return (tuple((tuple(a.shape), a.dtype) for a in args),
+            tuple((k, tuple(v.shape), v.dtype) for k, v in kwargs.items()))
 
 
 def _checked_entry(fn: Callable[..., Any]) -> Callable[..., Any]:

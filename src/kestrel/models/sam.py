@@ -279,14 +279,8 @@ class MaskAttention(Block):
     def forward(
         self, query: "Tensor[B, Pts, Q, Hd; T]", key: "Tensor[B, Pts, K, Hd; T]", value: "Tensor[B, Pts, K, Hd; T]"
     ) -> "Tensor[B, Pts, Q, Hd; T]":
-        B, Pts, Q, _ = query.shape
-
-        def heads(t):
-            b, p, n, _ = t.shape
-            return t.reshape(b, p, n, self.Heads, self.Internal // self.Heads).transpose(2, 3)
-
-        y = ops.attention(heads(self.q_proj(query)), heads(self.k_proj(key)), heads(self.v_proj(value)))
-        return self.out_proj(y.transpose(2, 3).reshape(B, Pts, Q, self.Internal))
+        y = ops.multihead_attention(self.q_proj(query), self.k_proj(key), self.v_proj(value), self.Heads)
+        return self.out_proj(y)
 
 
 class TwoWayAttentionBlock(Block):

@@ -428,10 +428,8 @@ class MaskAttention(Block):
     def forward(
         self, query: "Tensor[B, Pts, Q, Hd; T]", key: "Tensor[B, Pts, K, Hd; T]", value: "Tensor[B, Pts, K, Hd; T]"
     ) -> "Tensor[B, Pts, Q, Hd; T]":
-        B, Pts, Q, _ = query.shape
-        y = ops.attention(self._heads(self.q_proj(query)), self._heads(self.k_proj(key)),
-                          self._heads(self.v_proj(value)))
-        return self.o_proj(y.transpose(2, 3).reshape(B, Pts, Q, self.Internal))
+        y = ops.multihead_attention(self.q_proj(query), self.k_proj(key), self.v_proj(value), self.Heads)
+        return self.o_proj(y)
 
     def masked(
         self, query: "Tensor[B, Pts, Q, Hd; T]", key: "Tensor[B, Pts, K, Hd; T]", value: "Tensor[B, Pts, K, Hd; T]",
