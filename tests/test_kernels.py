@@ -233,6 +233,13 @@ def test_a_linear_decides_once_per_weight_and_row_count_until_written_or_forgott
         calibrate.forget()
         ops.linear(x, w, b)
         assert len(calls) == 4  # and all of them after a forget (settings changed mid-process)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(threads + 1)
+        try:
+            ops.linear(x, w, b)
+        finally:
+            torch.set_num_threads(threads)
+        assert len(calls) == 5  # another thread count has its own calibration
 
 
 def test_a_corrupt_cache_is_measured_again(tmp_path):

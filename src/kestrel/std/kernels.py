@@ -329,13 +329,13 @@ def eager_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and not torch.compiler.is_compiling())
 
 
-# A linear's decision, kept per (weight, rows, bias or not) so that a forward's steady state costs one
+# A linear's decision, kept per (weight, rows, bias or not, thread count) so that a forward's steady state costs one
 # lookup: each Python call in a forward runs on caches the GEMMs just flushed, where the full decision
 # (settings, table, memory verdict) cost ~25 us a call, 3% of SigLIP's text tower at batch 1. A weight
 # written to (its version moves) is decided again; :func:`forget_decisions` drops them all (the
 # calibration's forget and reset call it), so settings changed mid-process apply to new weights, or
 # after a forget.
-_DECIDED: dict[tuple[Any, int, bool], tuple[weakref.ref, int, str]] = {}
+_DECIDED: dict[tuple[Any, int, bool, int], tuple[weakref.ref, int, str]] = {}
 
 
 def forget_decisions() -> None:
@@ -343,7 +343,7 @@ def forget_decisions() -> None:
 
 
 def _decide(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
-    key = (id(weight), x2d.shape[0], bias is not None)
+    key = (id(weight), x2d.shape[0], bias is not None, torch.get_num_threads())
     hit = _DECIDED.get(key)
     if hit is not None and hit[0]() is weight and hit[1] == _version(weight):
         return hit[2]
@@ -598,7 +598,7 @@ def _decide_group(x2d: torch.Tensor, weights: Sequence[torch.Tensor], biases: Se
     """The kernel calibrated (or forced) for the fused shape ``rows x sum(Out) x In``; measured on a
     temporary concatenation the first time (remembered like a single weight's decision)."""
     has_bias = any(b is not None for b in biases)
-    key = (tuple(id(w) for w in weights), x2d.shape[0], has_bias)
+    key = (tuple(id(w) for w in weights), x2d.shape[0], has_bias, torch.get_num_threads())
     hit = _DECIDED.get(key)
     if hit is not None and hit[0]() is weights[0] and hit[1] == _version(weights[0]):
         return hit[2]
