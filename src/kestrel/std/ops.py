@@ -526,16 +526,26 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
 
 
+def qkv_dims(name: str, q: SymTensor, k: SymTensor, v: SymTensor,
+             *more: SymTensor) -> tuple[list[Poly], list[Poly], list[Poly]]:
+    """What every attention rule checks of ``[..., Nq, d]`` queries, ``[..., Nk, d]`` keys and ``[..., Nk,
+    dv]`` values (and ``more`` operands of the same rank): one rank >= 2, one width for queries and keys,
+    one length for keys and values, the same batch axes for queries and keys."""
+    dq, dk, dv = (t.fixed_dims(name) for t in (q, k, v))
+    if not (all(len(t.fixed_dims(name)) == len(dq) for t in (k, v, *more)) and len(dq) >= 2):
+        shown = ", ".join(t.show() for t in (q, k, v, *more))
+        raise ShapeError(f"{name} needs q, k, v{', ...' if more else ''} of one rank >= 2, got {shown}")
+    same(dq[-1], dk[-1], f"{name}: query and key widths differ", q, k)
+    same(dk[-2], dv[-2], f"{name}: key and value lengths differ", k, v)
+    for a, b in zip(dq[:-2], dk[:-2]):
+        same(a, b, f"{name}: batch axes of query and key differ", q, k)
+    return dq, dk, dv
+
+
 @attention.rule
 def _(q: SymTensor, k: SymTensor, v: SymTensor, bias: SymTensor | None = None, mask: SymTensor | None = None,
       scale: float | None = None) -> SymTensor:
-    dq, dk, dv = q.fixed_dims("attention"), k.fixed_dims("attention"), v.fixed_dims("attention")
-    if not (len(dq) == len(dk) == len(dv) and len(dq) >= 2):
-        raise ShapeError(f"attention needs q, k, v of one rank >= 2, got {q.show()}, {k.show()}, {v.show()}")
-    same(dq[-1], dk[-1], "attention: query and key head widths differ", q, k)
-    same(dk[-2], dv[-2], "attention: key and value lengths differ", k, v)
-    for a, b in zip(dq[:-2], dk[:-2]):
-        same(a, b, "attention: batch axes of query and key differ", q, k)
+    dq, dk, dv = qkv_dims("attention", q, k, v)
     same_dtype(q, k, "attention")
     same_dtype(k, v, "attention")
     float_dtype(q, "attention")
@@ -597,15 +607,7 @@ def _few_keys_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads
 
 @multihead_attention.rule
 def _(q: SymTensor, k: SymTensor, v: SymTensor, heads: Any) -> SymTensor:
-    dq, dk, dv = q.fixed_dims("multihead_attention"), k.fixed_dims("multihead_attention"), v.fixed_dims(
-        "multihead_attention")
-    if not (len(dq) == len(dk) == len(dv) and len(dq) >= 2):
-        raise ShapeError(f"multihead_attention needs q, k, v of one rank >= 2, got {q.show()}, {k.show()}, "
-                         f"{v.show()}")
-    same(dq[-1], dk[-1], "multihead_attention: query and key widths differ", q, k)
-    same(dk[-2], dv[-2], "multihead_attention: key and value lengths differ", k, v)
-    for a, b in zip(dq[:-2], dk[:-2]):
-        same(a, b, "multihead_attention: batch axes of query and key differ", q, k)
+    dq, dk, dv = qkv_dims("multihead_attention", q, k, v)
     for a, b in zip(dk[:-2], dv[:-2]):
         same(a, b, "multihead_attention: batch axes of key and value differ", k, v)
     h = as_poly(heads)

@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from ..checker.symbolic import ShapeError, SymTensor, op
+from ..checker.symbolic import SymTensor, op
 from ..errors import UsageError
 from . import kernels
-from .ops import _t, same, same_dtype
+from .ops import _t, qkv_dims, same, same_dtype
 
 # Bytes of scores one slice may hold. The slice size trades cache reuse against per-slice overhead
 # and which one is fastest depends on the machine's caches: on one, 16 MB ran SAM ViT-B's encoder 8%
@@ -140,15 +140,8 @@ def _slice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rh: torch.Tensor, 
 @decomposed_attention.rule
 def _(q: SymTensor, k: SymTensor, v: SymTensor, rel_h: SymTensor, rel_w: SymTensor,
       budget: Any = None) -> SymTensor:
-    dq, dk, dv = (t.fixed_dims("decomposed_attention") for t in (q, k, v))
+    dq, dk, dv = qkv_dims("decomposed_attention", q, k, v, rel_h, rel_w)
     dh, dw = rel_h.fixed_dims("decomposed_attention"), rel_w.fixed_dims("decomposed_attention")
-    if not (len(dq) == len(dk) == len(dv) == len(dh) == len(dw) and len(dq) >= 2):
-        raise ShapeError(f"decomposed_attention needs q, k, v, rel_h, rel_w of one rank >= 2, got {q.show()}, "
-                         f"{k.show()}, {v.show()}, {rel_h.show()}, {rel_w.show()}")
-    same(dq[-1], dk[-1], "decomposed_attention: query and key head widths differ", q, k)
-    same(dk[-2], dv[-2], "decomposed_attention: key and value lengths differ", k, v)
-    for a, b in zip(dq[:-2], dk[:-2]):
-        same(a, b, "decomposed_attention: batch axes of query and key differ", q, k)
     for t, ds in ((rel_h, dh), (rel_w, dw)):
         for a, b in zip(dq[:-1], ds[:-1]):
             same(a, b, "decomposed_attention: a relative term's batch or query axes differ from the query's", q, t)
