@@ -326,6 +326,28 @@ def test_vit_parity_with_every_kernel_the_calibration_may_pick(tmp_path, monkeyp
                        sd["vit.layers.1.attention.k_proj.weight"])
 
 
+@needs_packed
+def test_packed_weights_follow_a_load_state_dict(tmp_path, monkeypatch):
+    """Weights packed (their file pages handed back) then overwritten in place: the next forward uses the
+    new numbers, and reading the parameters gives the file's (then the new) values."""
+    monkeypatch.setenv("KESTREL_LINEAR", "mkl-packed")
+    cfg = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32,
+               patch_size=8, num_labels=5)
+    for seed, name in ((0, "a"), (1, "b")):
+        torch.manual_seed(seed)
+        ViTForImageClassification(ViTConfig(**cfg)).save_pretrained(tmp_path / name)
+    a, b = kestrel.load(tmp_path / "a"), kestrel.load(tmp_path / "b")
+    x = torch.randn(2, 3, 32, 32)
+    before = {k: v.clone() for k, v in a.state_dict().items()}
+    with torch.no_grad():
+        want_b = b.forward(x)
+        a.forward(x)  # packs a's weights and releases their pages
+        assert all(torch.equal(v, before[k]) for k, v in a.state_dict().items())  # read back from the file
+        a.load_state_dict(b.state_dict())
+        assert rel_diff(a.forward(x), want_b) == 0.0
+    assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
+
+
 def test_calibrate_model_reports_every_shape(tmp_path):
     cfg = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128, image_size=32,
                patch_size=8, num_labels=5)
