@@ -48,22 +48,25 @@ def _file_mapping(start: int, end: int) -> str | None:
     return None
 
 
-def _whole_pages(tensor: torch.Tensor) -> tuple[int, int]:
+def _mapped_pages(tensor: torch.Tensor) -> tuple[int, int] | None:
+    """``[first, last)``: the whole pages under ``tensor``'s bytes, when they lie in a private file mapping."""
+    if not sys.platform.startswith("linux") or tensor.device.type != "cpu" or not tensor.is_contiguous():
+        return None
     start = tensor.data_ptr()
     end = start + tensor.numel() * tensor.element_size()
     page = mmap.PAGESIZE
-    return -(-start // page) * page, end // page * page
+    first, last = -(-start // page) * page, end // page * page
+    return (first, last) if last > first and _file_mapping(first, last) is not None else None
 
 
 def file_pages(tensor: torch.Tensor) -> bool:
     """Whether ``tensor``'s whole pages lie in a private file mapping and none of them was written since
     it was mapped (each is resident as the file's own page, or not resident and not in swap): only then
     can :func:`release_file_pages` drop them while the tensor stays in use."""
-    if not sys.platform.startswith("linux") or tensor.device.type != "cpu" or not tensor.is_contiguous():
+    pages = _mapped_pages(tensor)
+    if pages is None:
         return False
-    first, last = _whole_pages(tensor)
-    if last <= first or _file_mapping(first, last) is None:
-        return False
+    first, last = pages
     page = mmap.PAGESIZE
     try:
         with open("/proc/self/pagemap", "rb") as f:
@@ -88,10 +91,8 @@ def release_file_pages(tensor: torch.Tensor) -> int:
     The caller guarantees no tensor reads these bytes any more (they would be read again from the
     file, not lost). Returns the number of bytes released (0 when nothing qualified).
     """
-    if not sys.platform.startswith("linux") or tensor.device.type != "cpu" or not tensor.is_contiguous():
+    libc, pages = glibc(), _mapped_pages(tensor)
+    if libc is None or pages is None:
         return 0
-    first, last = _whole_pages(tensor)
-    libc = glibc()
-    if libc is None or last <= first or _file_mapping(first, last) is None:
-        return 0
+    first, last = pages
     return last - first if libc.madvise(first, last - first, _MADV_DONTNEED) == 0 else 0

@@ -106,12 +106,16 @@ def _packed(w: torch.Tensor, rows: int) -> torch.Tensor:
     with mapped_apart():
         packed = torch.ops.mkl._mkl_reorder_linear_weight(w, rows)
     _PACKED[key] = (weakref.ref(w, lambda _r, k=key: _PACKED.pop(k, None)), _version(w), rows, packed)
-    if type(w) is torch.nn.Parameter and _in_place_verdict(w):  # the packed copy now does the reading:
-        # the file's pages need not stay resident
+    _hand_back(w)
+    return packed
+
+
+def _hand_back(w: torch.Tensor) -> None:
+    """A packed copy now does the reading of ``w``: a parameter's clean file pages need not stay resident."""
+    if type(w) is torch.nn.Parameter and _in_place_verdict(w):
         from ..runtime.pages import release_file_pages
 
         release_file_pages(w)
-    return packed
 
 
 # id(weight) -> (weakref, version, whether packing it costs no memory)
@@ -342,23 +346,42 @@ def forget_decisions() -> None:
     _DECIDED.clear()
 
 
+def _recalled(key: tuple, owner: torch.Tensor) -> str | None:
+    """The decision kept under ``key`` while ``owner`` (the weight it belongs to) is unchanged, else None."""
+    hit = _DECIDED.get(key)
+    if hit is not None and hit[0]() is owner and hit[1] == _version(owner):
+        return hit[2]
+    return None
+
+
+def _remember(key: tuple, owner: torch.Tensor, name: str) -> str:
+    _DECIDED[key] = (weakref.ref(owner, lambda _r, k=key: _DECIDED.pop(k, None)), _version(owner), name)
+    return name
+
+
 def _decide(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
     key = (id(weight), x2d.shape[0], bias is not None, torch.get_num_threads())
-    hit = _DECIDED.get(key)
-    if hit is not None and hit[0]() is weight and hit[1] == _version(weight):
-        return hit[2]
-    name = choose(x2d, weight, bias)
-    _DECIDED[key] = (weakref.ref(weight, lambda _r, k=key: _DECIDED.pop(k, None)), _version(weight), name)
-    return name
+    return _recalled(key, weight) or _remember(key, weight, choose(x2d, weight, bias))
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as contiguous rows ``[*, In]``: what the GEMM kernels take (a view when it can be)."""
+    x2d = x.reshape(-1, x.shape[-1])
+    return x2d if x2d.is_contiguous() else x2d.contiguous()
+
+
+def _cat_biases(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+    """The fused projection's bias: the parts' biases end to end, zeros for a part without one."""
+    if all(b is None for b in biases):
+        return None
+    return torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T + bias`` over the last axis, through the kernel chosen for this shape."""
     if not eager_ok(x, weight) or x.numel() == 0:
         return F.linear(x, weight, bias)
-    x2d = x.reshape(-1, x.shape[-1])
-    if not x2d.is_contiguous():
-        x2d = x2d.contiguous()
+    x2d = _rows(x)
     if _INT8 and id(weight) in _INT8:
         packed = _int8_packed(weight, bias)
         if packed is not None:
@@ -549,15 +572,13 @@ class _Group:
 _GROUPS: dict[tuple[int, ...], _Group] = {}
 
 
-def _packed_group(x: torch.Tensor, weights: Sequence[torch.Tensor],
+def _packed_group(x: torch.Tensor, x2d: torch.Tensor, weights: Sequence[torch.Tensor],
                   biases: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
     """``x @ cat(weights).T + cat(biases)`` as one packed GEMM where the fused shape calibrated to
-    ``mkl-packed`` and every part packs at no memory cost; None where it does not (the caller goes on)."""
-    if x.numel() == 0 or any(w.shape[1:] != weights[0].shape[1:] for w in weights):
+    ``mkl-packed`` and every part packs at no memory cost; None where it does not (the caller goes on).
+    ``x2d`` is ``_rows(x)``."""
+    if any(w.shape[1:] != weights[0].shape[1:] for w in weights):
         return None
-    x2d = x.reshape(-1, x.shape[-1])
-    if not x2d.is_contiguous():
-        x2d = x2d.contiguous()
     rows = x2d.shape[0]
     key = tuple(id(w) for w in weights)
     group = _GROUPS.get(key)
@@ -568,7 +589,6 @@ def _packed_group(x: torch.Tensor, weights: Sequence[torch.Tensor],
         return None
     _GROUPS.pop(key, None)  # the old layout goes before the new one is made
     from ..runtime.allocator import mapped_apart
-    from ..runtime.pages import release_file_pages
 
     whole = torch.cat(list(weights), dim=0)
     with mapped_apart():
@@ -576,11 +596,8 @@ def _packed_group(x: torch.Tensor, weights: Sequence[torch.Tensor],
     del whole
     for w in weights:
         _PACKED.pop(id(w), None)  # a part's own packed copy, from another row count, is not needed now
-        if type(w) is torch.nn.Parameter and _in_place_verdict(w):
-            release_file_pages(w)
-    bias = None
-    if any(b is not None for b in biases):
-        bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
+        _hand_back(w)
+    bias = _cat_biases(weights, biases)
     n = sum(w.shape[0] for w in weights)
     group = _Group(tuple(weakref.ref(w) for w in weights), tuple(_version(w) for w in weights), rows, packed,
                    bias, torch.empty(1, dtype=weights[0].dtype).expand(n, weights[0].shape[1]))
@@ -599,33 +616,24 @@ def _decide_group(x2d: torch.Tensor, weights: Sequence[torch.Tensor], biases: Se
     temporary concatenation the first time (remembered like a single weight's decision)."""
     has_bias = any(b is not None for b in biases)
     key = (tuple(id(w) for w in weights), x2d.shape[0], has_bias, torch.get_num_threads())
-    hit = _DECIDED.get(key)
-    if hit is not None and hit[0]() is weights[0] and hit[1] == _version(weights[0]):
-        return hit[2]
+    hit = _recalled(key, weights[0])
+    if hit is not None:
+        return hit
     from ..runtime import calibrate
 
     whole = torch.cat(list(weights), dim=0)
-    bias = None
-    if has_bias:
-        bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
-    choose(x2d, whole, bias)  # measures the fused shape if new, and shows it to calibrate_model
+    choose(x2d, whole, _cat_biases(weights, biases))  # measures the fused shape if new; calibrate_model sees it
     del whole
     m, k = x2d.shape
     name = forced() or calibrate.table().get(m, sum(w.shape[0] for w in weights), k, has_bias) or DEFAULT
-    _DECIDED[key] = (weakref.ref(weights[0], lambda _r, k=key: _DECIDED.pop(k, None)),
-                     _version(weights[0]), name)
-    return name
+    return _remember(key, weights[0], name)
 
 
-def _packs_parts(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None]) -> bool:
+def _packs_parts(x2d: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None]) -> bool:
     """Whether every part of a fused projection would run on its own packed copy (same-shaped parts
     whose shape calibrated to a packing kernel, each packable at no memory cost)."""
-    first = weights[0]
-    if x.numel() == 0 or any(w.shape != first.shape for w in weights):
+    if any(w.shape != weights[0].shape for w in weights):
         return False
-    x2d = x.reshape(-1, x.shape[-1])
-    if not x2d.is_contiguous():
-        x2d = x2d.contiguous()
     return all(KERNELS[_decide(x2d, w, b)].copies_weight for w, b in zip(weights, biases))
 
 
@@ -633,30 +641,24 @@ def fused_linear(x: torch.Tensor, weights: Sequence[torch.Tensor],
                  biases: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor, ...]:
     """Several projections of one input as one GEMM: ``linear(x, cat(weights), cat(biases))``, split."""
     sizes = [w.shape[0] for w in weights]
-    has_bias = [b is not None for b in biases]
-    if not any(has_bias):
-        bias = None
-    elif not all(has_bias):
-        bias = torch.cat([b if b is not None else weights[i].new_zeros(sizes[i]) for i, b in enumerate(biases)])
-    else:
-        bias = None
     params = [*weights, *(b for b in biases if b is not None)]
     eager = (eager_ok(x, weights[0]) and not any(p.requires_grad for p in params)
              and all(type(p) in (torch.Tensor, torch.nn.Parameter) for p in params))
-    if eager and "mkl-packed" in KERNELS:
-        out = _packed_group(x, weights, biases)
-        if out is not None:
-            return tuple(torch.split(out, sizes, dim=-1))
-    if eager and _packs_parts(x, weights, biases):
-        # each part runs packed: the packed copies replace the checkpoint's pages, where a fused
-        # buffer would be a second copy in memory (and packed parts outrun any fused in-place GEMM)
-        return tuple(linear(x, w, b) for w, b in zip(weights, biases))
+    if eager and x.numel() > 0:
+        x2d = _rows(x)
+        if "mkl-packed" in KERNELS:
+            out = _packed_group(x, x2d, weights, biases)
+            if out is not None:
+                return tuple(torch.split(out, sizes, dim=-1))
+        if _packs_parts(x2d, weights, biases):
+            # each part runs packed: the packed copies replace the checkpoint's pages, where a fused
+            # buffer would be a second copy in memory (and packed parts outrun any fused in-place GEMM)
+            return tuple(linear(x, w, b) for w, b in zip(weights, biases))
     if eager:
         weight = fuse_in_place(weights)
-        if all(has_bias):
-            bias = fuse_in_place(biases)  # type: ignore[arg-type]
+        all_biases = all(b is not None for b in biases)
+        bias = fuse_in_place(biases) if all_biases else _cat_biases(weights, biases)  # type: ignore[arg-type]
     else:  # traced, compiled or trained: plain concatenation, which inductor's freezing folds
         weight = torch.cat(list(weights), dim=0)
-        if all(has_bias):
-            bias = torch.cat(list(biases), dim=0)  # type: ignore[arg-type]
+        bias = _cat_biases(weights, biases)
     return tuple(torch.split(linear(x, weight, bias), sizes, dim=-1))
