@@ -7,7 +7,7 @@ page fault on each 4 KiB of them inside the GEMMs: measured here on ViT-B/16 at 
 about 113,000 minor faults and 7-8% of the time per call. Raising both thresholds keeps those pages in
 the heap for the next call: one call's faults drop to a handful. Peak memory is the same or lower
 (measured); what changes is that the process keeps what it used resident after a call instead of
-returning it. Blocks above 32 MiB are still mapped and unmapped per call (see RETAIN_BYTES).
+returning it. Blocks above 64 MiB are still mapped and unmapped per call (see RETAIN_BYTES).
 
 This is process-wide state, so :func:`kestrel.load` applies it once (inference processes are what
 loads models) and ``KESTREL_MALLOC=system`` leaves the allocator as it was. Nothing happens where
@@ -26,11 +26,14 @@ from collections.abc import Iterator
 # mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
-# blocks up to this size come from the heap and stay there when freed: glibc's own ceiling for its
-# adaptive threshold. Larger is not better: with 1 GiB, DINOv2-B at 518 px and batch 8 ran 13% faster
-# but the fragmented heap doubled its high-water mark (2059 MB against 1053); with 32 MiB it is
-# unchanged there, ViT-B/16 at batch 8 loses its page faults and SAM's encoder half of them.
-RETAIN_BYTES = 32 << 20
+# blocks up to this size come from the heap and stay there when freed. Twice glibc's own ceiling for
+# its adaptive threshold (32 MiB), because a batch of 8 puts common activations just above that:
+# DINOv2-B at 518 px has 8 x 1370 x 768 floats (33.7 MB) per token-wide tensor, SAM's decoder 8 x 4096
+# x 256 (33.6 MB). At 32 MiB each of those was mapped fresh per call: DINOv2-B 518 batch 8 took 1.6 M
+# page faults a call (10.5 s; 9.1 s at 64 MiB, 680 MB peak against 640), SAM's decoder at batch 8
+# 49,000 (0.33 s; 0.27 s, 324 MB peak against 375). Much larger is not better: with 1 GiB the
+# fragmented heap doubled DINOv2-B 518 batch 8's high-water mark (2059 MB against 1053).
+RETAIN_BYTES = 64 << 20
 # inside mapped_apart(): blocks from this size up are mapped apart from the heap
 APART_BYTES = 1 << 20
 TRIM_BYTES = 1 << 30
