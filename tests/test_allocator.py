@@ -46,3 +46,32 @@ def test_freed_activations_are_reused_without_page_faults(block_bytes: int):
     applied, faults = probe(block_bytes, KESTREL_MALLOC="system")
     assert not applied
     assert faults > pages * 0.6, f"glibc's default should map those blocks afresh ({pages} pages); saw {faults} faults"
+
+
+def test_an_entry_that_calibrated_hands_freed_memory_back_once(monkeypatch):
+    """A calibration's transient blocks are freed mid-forward; the entry trims the heap when it returns,
+    only after a call in which something was measured (an ordinary call pays nothing)."""
+    import torch
+
+    from kestrel.blocks import Block, Dim, Float, entry, f32
+    from kestrel.runtime import allocator
+
+    class Bursty(Block, module="test.allocator"):
+        D: Dim
+        T: Float = f32
+
+        @entry
+        def forward(self, x: "Tensor[B, D; T]") -> "Tensor[B, D; T]":
+            if self.measure:  # what kernels.measure and the attention budget timing do
+                allocator.note_burst()
+            return x * 2
+
+    trims: list[int] = []
+    monkeypatch.setattr(allocator, "release_free_memory", lambda: trims.append(allocator.bursts()))
+    block = Bursty(D=3)
+    block.measure = True
+    assert torch.equal(block.forward(torch.ones(2, 3)), torch.full((2, 3), 2.0))
+    assert len(trims) == 1
+    block.measure = False
+    block.forward(torch.ones(2, 3))
+    assert len(trims) == 1

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..errors import KestrelError
+from ..runtime import allocator
 from ..shapes.facts import Fact
 from ..shapes.poly import Poly, evaluate, format_poly, substitute
 from ..types.dtypes import DType, DTypeVar, dtype_named, from_torch
@@ -219,7 +220,11 @@ def _checked_entry(fn: Callable[..., Any]) -> Callable[..., Any]:
                     check_entry_inputs(self, decl, args, kwargs)
                 if key is not None:
                     passed.add((fn.__name__, key))
-        return fn(self, *args, **kwargs)
+        before = allocator.bursts()
+        out = fn(self, *args, **kwargs)
+        if allocator.bursts() != before:  # a calibration ran inside: its freed pages go back now
+            allocator.release_free_memory()
+        return out
 
     return call
 

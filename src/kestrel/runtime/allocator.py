@@ -7,7 +7,7 @@ page fault on each 4 KiB of them inside the GEMMs: measured here on ViT-B/16 at 
 about 113,000 minor faults and 7-8% of the time per call. Raising both thresholds keeps those pages in
 the heap for the next call: one call's faults drop to a handful. Peak memory is the same or lower
 (measured); what changes is that the process keeps what it used resident after a call instead of
-returning it. Blocks above 64 MiB are still mapped and unmapped per call (see RETAIN_BYTES).
+returning it. Blocks above 160 MiB are still mapped and unmapped per call (see RETAIN_BYTES).
 
 This is process-wide state, so :func:`kestrel.load` applies it once (inference processes are what
 loads models) and ``KESTREL_MALLOC=system`` leaves the allocator as it was. Nothing happens where
@@ -26,14 +26,15 @@ from collections.abc import Iterator
 # mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
-# blocks up to this size come from the heap and stay there when freed. Twice glibc's own ceiling for
-# its adaptive threshold (32 MiB), because a batch of 8 puts common activations just above that:
-# DINOv2-B at 518 px has 8 x 1370 x 768 floats (33.7 MB) per token-wide tensor, SAM's decoder 8 x 4096
-# x 256 (33.6 MB). At 32 MiB each of those was mapped fresh per call: DINOv2-B 518 batch 8 took 1.6 M
-# page faults a call (10.5 s; 9.1 s at 64 MiB, 680 MB peak against 640), SAM's decoder at batch 8
-# 49,000 (0.33 s; 0.27 s, 324 MB peak against 375). Much larger is not better: with 1 GiB the
-# fragmented heap doubled DINOv2-B 518 batch 8's high-water mark (2059 MB against 1053).
-RETAIN_BYTES = 64 << 20
+# blocks up to this size come from the heap and stay there when freed. Five times glibc's own ceiling
+# for its adaptive threshold (32 MiB), because at batch 8 the activations of these encoders sit above
+# it: DINOv2-B at 518 px has 8 x 1370 x 768 floats (33.7 MB) per token-wide tensor and 8 x 1370 x 3072
+# (135 MB) in its MLP, SAM's decoder 8 x 4096 x 256 (33.6 MB). Mapped fresh per call, DINOv2-B 518
+# batch 8 took 1.6 M page faults a call at 32 MiB (10.3 s, 651 MB peak), 0.4 M at 64 MiB in some runs
+# (the MLP's), none at 160 MiB (8.9-9.2 s, 688-818 MB; transformers 916); SAM's decoder at batch 8 49,000
+# at 32 MiB (0.33 s, 375 MB), none at 160 (0.24 s, 396 MB). Far larger is not better: with 1 GiB the
+# fragmented heap once doubled DINOv2-B 518 batch 8's high-water mark (2059 MB against 1053).
+RETAIN_BYTES = 160 << 20
 # inside mapped_apart(): blocks from this size up are mapped apart from the heap
 APART_BYTES = 1 << 20
 TRIM_BYTES = 1 << 30
@@ -75,6 +76,32 @@ def mapped_apart() -> Iterator[None]:
     finally:
         if libc is not None:
             libc.mallopt(_M_MMAP_THRESHOLD, RETAIN_BYTES)
+
+
+_bursts = [0]
+
+
+def note_burst() -> None:
+    """Record a one-off burst of transient allocations (a calibration timing kernels mid-forward)."""
+    _bursts[0] += 1
+
+
+def bursts() -> int:
+    """How many bursts were recorded so far: an entry that saw the count move releases free memory after."""
+    return _bursts[0]
+
+
+def release_free_memory() -> None:
+    """Hand the free pages of the retained heap back to the system (``malloc_trim``), once retained.
+
+    For after a call that held a burst: a calibration's transient blocks, freed among the forward's
+    activations, would otherwise stay resident and steer where later calls' activations land.
+    DINOv2-B at 518 px, batch 8, calibrating in its first call, peak in the calls after it (three
+    fresh runs each, the machine's heap layout varies): 753-849 MB without, 688-818 MB with.
+    """
+    libc = glibc() if _state.get("applied", False) else None
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 @functools.cache
