@@ -64,8 +64,7 @@ def mapped_apart() -> Iterator[None]:
     the bytes they fill): fresh pages are resident only once written, and such a block is returned to
     the system when freed. From recycled heap memory the whole block would count as resident.
     """
-    lowered = _state.get("applied", False)
-    libc = glibc() if lowered else None
+    libc = _retaining_glibc()
     if libc is not None:
         libc.mallopt(_M_MMAP_THRESHOLD, APART_BYTES)
         # a block may still be carved from a free chunk of the heap, whose pages a freed activation
@@ -99,9 +98,14 @@ def release_free_memory() -> None:
     DINOv2-B at 518 px, batch 8, calibrating in its first call, peak in the calls after it (three
     fresh runs each, the machine's heap layout varies): 753-849 MB without, 688-818 MB with.
     """
-    libc = glibc() if _state.get("applied", False) else None
+    libc = _retaining_glibc()
     if libc is not None:
         libc.malloc_trim(0)
+
+
+def _retaining_glibc() -> ctypes.CDLL | None:
+    """glibc, once :func:`retain_freed_memory` raised its thresholds (else nothing to hand back or lower)."""
+    return glibc() if _state.get("applied", False) else None
 
 
 @functools.cache

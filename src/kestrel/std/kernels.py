@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UsageError
+from ..runtime import allocator
 
 DEFAULT = "torch"
 # shapes under this many FLOPs are not worth timing: they run torch's default
@@ -101,9 +102,7 @@ def _packed(w: torch.Tensor, rows: int) -> torch.Tensor:
         return entry[3]
     _PACKED.pop(key, None)  # the old layout goes before the new one is made
     del entry
-    from ..runtime.allocator import mapped_apart
-
-    with mapped_apart():
+    with allocator.mapped_apart():
         packed = torch.ops.mkl._mkl_reorder_linear_weight(w, rows)
     _PACKED[key] = (weakref.ref(w, lambda _r, k=key: _PACKED.pop(k, None)), _version(w), rows, packed)
     _hand_back(w)
@@ -278,9 +277,7 @@ def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         # freed: from the heap they would stay resident, among the activations of the forward that is
         # calibrating, and steer where its later calls' activations land (DINOv2-B 518 batch 8 calibrating
         # in its first call: 877-991 MB peak in the calls after it with heap copies, 753-849 apart)
-        from ..runtime.allocator import mapped_apart
-
-        with mapped_apart():
+        with allocator.mapped_apart():
             weights += weight.expand(copies - 1, *weight.shape).clone().unbind(0)
     best = {name: float("inf") for name in live}
     lo, hi = CAL_ROUNDS
@@ -297,9 +294,7 @@ def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     for w in weights:  # packed copies made for timing: the chosen kernel packs its own
         _PACKED.pop(id(w), None)
     del weights
-    from ..runtime.allocator import note_burst
-
-    note_burst()  # the entry running this forward hands the freed copies' pages back when it returns
+    allocator.note_burst()  # the entry running this forward hands the freed copies' pages back when it returns
     gflops = {name: flops / t / 1e9 for name, t in best.items()}
     in_place = _pick({nm: r for nm, r in gflops.items() if not KERNELS[nm].copies_weight})
     return {"kernel": _pick(gflops), "in_place": in_place, "gflops": {nm: round(v, 2) for nm, v in gflops.items()},
@@ -596,10 +591,8 @@ def _packed_group(x: torch.Tensor, x2d: torch.Tensor, weights: Sequence[torch.Te
     if _decide_group(x2d, weights, biases) != "mkl-packed" or not all(packs_in_place(w) for w in weights):
         return None
     _GROUPS.pop(key, None)  # the old layout goes before the new one is made
-    from ..runtime.allocator import mapped_apart
-
     whole = torch.cat(list(weights), dim=0)
-    with mapped_apart():
+    with allocator.mapped_apart():
         packed = torch.ops.mkl._mkl_reorder_linear_weight(whole, rows)
     del whole
     for w in weights:

@@ -24,6 +24,7 @@ import torch
 
 from ..checker.symbolic import SymTensor, op
 from ..errors import UsageError
+from ..runtime import allocator
 from . import kernels
 from .ops import _t, qkv_dims, same, same_dtype
 
@@ -95,9 +96,7 @@ def _calibrated_budget(q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, rh:
             _attend(q3, k3, v3, rh, rw, out, budget, True)
             best[budget] = min(best[budget], time.perf_counter() - t)
     chosen = min(best, key=lambda c: best[c])
-    from ..runtime.allocator import note_burst
-
-    note_burst()  # the entry running this forward hands the freed scores' pages back when it returns
+    allocator.note_burst()  # the entry running this forward hands the freed scores' pages back when it returns
     table.put_entry(key, {"kernel": str(chosen), "seconds": {f"{c >> 20} MB": round(t, 5) for c, t in best.items()}})
     return None
 
