@@ -1,0 +1,142 @@
+"""Attention: scaled dot-product attention and multi-head attention on unsplit projections."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ...checker.rules import (
+    broadcast_dims,
+    float_dtype,
+    like,
+    operand,
+    same,
+    same_dtype,
+    show_dims,
+)
+from ...checker.symbolic import ShapeError, SymTensor, as_poly, current, fmt, op, require_positive
+from ...shapes.poly import Poly
+from ...types.dtypes import bool_
+from .. import kernels
+
+
+@op("attention")
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None,
+              mask: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+    """Scaled dot-product attention ``softmax(q k^T * scale + bias) v`` over ``[..., N, Dh]``.
+
+    ``bias`` is added to the scores; ``mask`` (bool) keeps the positions where it is True.
+    Runs torch's fused kernel, which never materialises the scores when there is no bias.
+    """
+    if mask is not None:
+        bias = (bias if bias is not None else 0) + torch.zeros_like(mask, dtype=q.dtype).masked_fill(
+            ~mask, float("-inf"))
+    if q.dim() > 4:  # exporters (ONNX) take 4-D attention: fold the leading axes into one batch
+        lead = q.shape[:-3]
+        if bias is not None:
+            bias = bias.reshape((1,) * (q.dim() - bias.dim()) + tuple(bias.shape))
+            bias = bias.expand(*lead, *bias.shape[-3:]).reshape(-1, *bias.shape[-3:])
+        out = F.scaled_dot_product_attention(q.reshape(-1, *q.shape[-3:]), k.reshape(-1, *k.shape[-3:]),
+                                             v.reshape(-1, *v.shape[-3:]), attn_mask=bias, scale=scale)
+        return out.reshape(*lead, *out.shape[-3:])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+
+
+def qkv_dims(name: str, q: SymTensor, k: SymTensor, v: SymTensor,
+             *more: SymTensor) -> tuple[list[Poly], list[Poly], list[Poly]]:
+    """What every attention rule checks of ``[..., Nq, d]`` queries, ``[..., Nk, d]`` keys and ``[..., Nk,
+    dv]`` values (and ``more`` operands of the same rank): one rank >= 2, one width for queries and keys,
+    one length for keys and values, the same batch axes for queries and keys."""
+    dq, dk, dv = (t.fixed_dims(name) for t in (q, k, v))
+    if not (all(len(t.fixed_dims(name)) == len(dq) for t in (k, v, *more)) and len(dq) >= 2):
+        shown = ", ".join(t.show() for t in (q, k, v, *more))
+        raise ShapeError(f"{name} needs q, k, v{', ...' if more else ''} of one rank >= 2, got {shown}")
+    same(dq[-1], dk[-1], f"{name}: query and key widths differ", q, k)
+    same(dk[-2], dv[-2], f"{name}: key and value lengths differ", k, v)
+    for a, b in zip(dq[:-2], dk[:-2]):
+        same(a, b, f"{name}: batch axes of query and key differ", q, k)
+    return dq, dk, dv
+
+
+@attention.rule
+def _(q: SymTensor, k: SymTensor, v: SymTensor, bias: SymTensor | None = None, mask: SymTensor | None = None,
+      scale: float | None = None) -> SymTensor:
+    dq, dk, dv = qkv_dims("attention", q, k, v)
+    same_dtype(q, k, "attention")
+    same_dtype(k, v, "attention")
+    float_dtype(q, "attention")
+    if bias is not None:
+        same_dtype(q, bias, "attention bias")
+    if mask is not None and mask.dtype != bool_:
+        raise ShapeError(f"attention: the mask must be a bool tensor, got {mask.show()}")
+    scores = [*dq[:-1], dk[-2]]
+    for extra, name in ((bias, "bias"), (mask, "mask")):
+        if extra is not None:
+            broadcast_dims(scores, extra.fixed_dims(), f"attention {name}", f"scores [{show_dims(scores)}]",
+                           extra.show())
+    return like(q, [*dq[:-1], dv[-1]])
+
+
+# a multi-head attention whose keys across all heads number at most this many runs as two GEMMs
+# against block-diagonal keys and values (see multihead_attention)
+FEW_KEY_COLUMNS = 128
+
+
+@op("multihead_attention")
+def multihead_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> torch.Tensor:
+    """Multi-head attention on unsplit projections: ``[..., Nq, E]``, ``[..., Nk, E]``, ``[..., Nk, Ev]``
+    in, ``[..., Nq, Ev]`` out; head ``h`` is columns ``h * E / heads`` on (``softmax(q_h k_h^T /
+    sqrt(E / heads)) v_h``), the heads side by side as an output projection reads them.
+
+    With few keys (SAM's 4096 image tokens attending to 7 prompt tokens) the fused kernel spends its
+    time on overhead per query block; in eager inference such a problem (``heads * Nk <=
+    FEW_KEY_COLUMNS``) runs as two GEMMs against block-diagonal keys and values instead, the soft-max
+    over each head's keys on a strided axis (SAM's decoder at batch 8: ~30 -> 11 ms a call, ~1e-7
+    relative). Elsewhere, and in graphs, it is ``scaled_dot_product_attention`` on head views.
+    """
+    *lead, nq, _ = q.shape
+    nk, ev = k.shape[-2], v.shape[-1]
+    if kernels.plain_inference(q, k, v) and heads * nk <= FEW_KEY_COLUMNS and q.dtype.is_floating_point:
+        return _few_keys_attention(q, k, v, heads)
+
+    def split(t: torch.Tensor) -> torch.Tensor:  # [batch, heads, N, width / heads], the batch axes folded in one
+        n, width = t.shape[-2:]
+        return t.reshape(-1, n, heads, width // heads).transpose(1, 2)
+
+    y = F.scaled_dot_product_attention(split(q), split(k), split(v))  # 4-D: its fused kernels' layout
+    return y.transpose(1, 2).reshape(*lead, nq, ev)
+
+
+def _few_keys_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> torch.Tensor:
+    *lead, nq, e = q.shape
+    nk, ev = k.shape[-2], v.shape[-1]
+    dh, dv, n = e // heads, ev // heads, len(lead)
+    # keys as an [E, Nk * heads] matrix, column (j, h) holding key j of head h in head h's rows only
+    kbd = k.new_zeros(*lead, heads, dh, nk, heads)
+    kbd.diagonal(dim1=n, dim2=n + 3).copy_(k.reshape(*lead, nk, heads, dh).permute(*range(n), n + 2, n, n + 1))
+    # values as an [Nk * heads, Ev] matrix: row (j, h) holds value j of head h in head h's columns only
+    vbd = v.new_zeros(*lead, nk, heads, heads, dv)
+    vbd.diagonal(dim1=n + 1, dim2=n + 2).copy_(v.reshape(*lead, nk, heads, dv).permute(*range(n), n, n + 2, n + 1))
+    scores = torch.matmul(q, kbd.view(*lead, e, nk * heads)).mul_(dh ** -0.5)
+    weights = torch.softmax(scores.view(*lead, nq, nk, heads), dim=-2)  # over each head's keys
+    return torch.matmul(weights.view(*lead, nq, nk * heads), vbd.view(*lead, nk * heads, ev))
+
+
+@multihead_attention.rule
+def _(q: SymTensor, k: SymTensor, v: SymTensor, heads: Any) -> SymTensor:
+    dq, dk, dv = qkv_dims("multihead_attention", q, k, v)
+    for a, b in zip(dk[:-2], dv[:-2]):
+        same(a, b, "multihead_attention: batch axes of key and value differ", k, v)
+    h = as_poly(heads)
+    require_positive(h)
+    facts = current().facts
+    for t, width in ((q, dq[-1]), (v, dv[-1])):
+        if not facts.divides(h, width):
+            raise ShapeError(f"multihead_attention: cannot prove {fmt(h)} heads divide the width {fmt(width)} of "
+                             f"{t.show()}", hint=f"{operand(width)} % {operand(h)} == 0")
+    same_dtype(q, k, "multihead_attention")
+    same_dtype(k, v, "multihead_attention")
+    float_dtype(q, "multihead_attention")
+    return like(q, [*dq[:-1], dv[-1]])

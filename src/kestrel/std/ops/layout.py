@@ -1,0 +1,264 @@
+"""Layout ops: reshape and view, permutations, flattening, new and dropped axes, joins, splits, padding."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ...checker.rules import (
+    axis,
+    cancel_common,
+    divisibility_hint,
+    ge_hint,
+    like,
+    nonneg,
+    numel,
+    operand,
+    same,
+    same_dtype,
+    show_dims,
+    show_target,
+    sum_dims,
+)
+from ...checker.symbolic import ShapeError, SymTensor, as_poly, current, fmt, op, require_positive
+from ...shapes.poly import ONE, Poly, floordiv
+
+
+@op("reshape")
+def reshape(x: torch.Tensor, *shape: Any) -> torch.Tensor:
+    return x.reshape(*shape)
+
+
+@reshape.rule
+def _(x: SymTensor, *shape: Any) -> SymTensor:
+    src = x.fixed_dims("reshape")
+    target: list[Poly | None] = []
+    raw = shape[0] if len(shape) == 1 and isinstance(shape[0], list | tuple) else shape
+    for s in raw:
+        target.append(None if (isinstance(s, int) and s == -1) else as_poly(s))
+    facts = current().facts
+    total = numel(src)
+    if target.count(None) > 1:
+        raise ShapeError(f"reshape of {x.show()}: at most one -1")
+    if None in target:
+        known = numel([t for t in target if t is not None])
+        if not facts.divides(known, total):
+            k2, t2 = cancel_common(known, total)
+            raise ShapeError(f"reshape of {x.show()} to [{show_target(target)}]: cannot prove {fmt(known)} "
+                             f"divides {fmt(total)}", hint=f"{operand(t2)} % {operand(k2)} == 0")
+        require_positive(known)
+        target[target.index(None)] = floordiv(total, known)
+    dims: list[Poly] = [t for t in target if t is not None]
+    for t in dims:
+        nonneg(t, "reshape: a target axis", x)
+    if not facts.equal(numel(dims), total):
+        hint = divisibility_hint(dims)
+        raise ShapeError(f"reshape of {x.show()} to [{show_dims(dims)}]: element counts {fmt(total)} and "
+                         f"{fmt(numel(dims))} cannot be proved equal", hint=hint)
+    return like(x, dims)
+
+
+view = reshape
+
+
+@op("permute")
+def permute(x: torch.Tensor, *order: int) -> torch.Tensor:
+    return x.permute(*order)
+
+
+@permute.rule
+def _(x: SymTensor, *order: Any) -> SymTensor:
+    d = x.fixed_dims("permute")
+    order_ = tuple(order[0]) if len(order) == 1 and isinstance(order[0], list | tuple) else order
+    if sorted(o % len(d) for o in order_) != list(range(len(d))):
+        raise ShapeError(f"permute{order_} is not a permutation of the {len(d)} axes of {x.show()}")
+    return like(x, [d[o] for o in order_])
+
+
+@op("contiguous")
+def contiguous(x: torch.Tensor) -> torch.Tensor:
+    """The same values laid out row-major. A layout choice, not a type change: a permuted view left as
+    it is makes every later elementwise op (and each residual add, whose result keeps the first
+    operand's strides) walk memory across the grain."""
+    return x.contiguous()
+
+
+@contiguous.rule
+def _(x: SymTensor) -> SymTensor:
+    return like(x, x.dims)
+
+
+@op("transpose")
+def transpose(x: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    return x.transpose(a, b)
+
+
+@transpose.rule
+def _(x: SymTensor, a: int, b: int) -> SymTensor:
+    d = x.fixed_dims("transpose")
+    i, j = axis(x, a), axis(x, b)
+    d[i], d[j] = d[j], d[i]
+    return like(x, d)
+
+
+@op("flatten")
+def flatten(x: torch.Tensor, start: int = 0, end: int = -1) -> torch.Tensor:
+    return x.flatten(start, end)
+
+
+@flatten.rule
+def _(x: SymTensor, start: int = 0, end: int = -1) -> SymTensor:
+    d = x.fixed_dims("flatten")
+    i, j = axis(x, start), axis(x, end)
+    return like(x, [*d[:i], numel(d[i: j + 1]), *d[j + 1:]])
+
+
+@op("unsqueeze")
+def unsqueeze(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return x.unsqueeze(dim)
+
+
+@unsqueeze.rule
+def _(x: SymTensor, dim: int) -> SymTensor:
+    d = x.fixed_dims("unsqueeze")
+    i = axis(x, dim, len(d) + 1)
+    return like(x, [*d[:i], ONE, *d[i:]])
+
+
+@op("squeeze")
+def squeeze(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return x.squeeze(dim)
+
+
+@squeeze.rule
+def _(x: SymTensor, dim: int) -> SymTensor:
+    d = x.fixed_dims("squeeze")
+    i = axis(x, dim)
+    same(d[i], ONE, f"squeeze: axis {dim} is not of size 1", x)
+    return like(x, d[:i] + d[i + 1:])
+
+
+@op("expand")
+def expand(x: torch.Tensor, *sizes: Any) -> torch.Tensor:
+    return x.expand(*sizes)
+
+
+@expand.rule
+def _(x: SymTensor, *sizes: Any) -> SymTensor:
+    d = x.fixed_dims("expand")
+    raw = sizes[0] if len(sizes) == 1 and isinstance(sizes[0], list | tuple) else sizes
+    if len(raw) < len(d):
+        raise ShapeError(f"expand of {x.show()} to {len(raw)} axes")
+    out: list[Poly] = []
+    offset = len(raw) - len(d)
+    for i, s in enumerate(raw):
+        cur = d[i - offset] if i >= offset else None
+        if isinstance(s, int) and s == -1:
+            if cur is None:
+                raise ShapeError(f"expand: -1 for a new leading axis of {x.show()}")
+            out.append(cur)
+            continue
+        want = nonneg(as_poly(s), "expand: a target axis", x)
+        if cur is not None and cur != ONE:
+            same(cur, want, f"expand: axis {i - offset} is not 1 and differs", x)
+        out.append(want)
+    return like(x, out)
+
+
+@op("cat")
+def cat(xs: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
+    """Concatenate along ``dim``; every other axis must agree."""
+    return torch.cat(list(xs), dim=dim)
+
+
+@cat.rule
+def _(xs: Sequence[SymTensor], dim: int = 0) -> SymTensor:
+    first = xs[0]
+    d0 = first.fixed_dims("cat")
+    i = axis(first, dim)
+    total = d0[i]
+    for x in xs[1:]:
+        d = x.fixed_dims("cat")
+        if len(d) != len(d0):
+            raise ShapeError(f"cat: ranks differ: {first.show()} and {x.show()}")
+        same_dtype(first, x, "cat")
+        for k, (a, b) in enumerate(zip(d0, d)):
+            if k != i:
+                same(a, b, f"cat along axis {dim}: axis {k} differs", first, x)
+        total = total + d[i]
+    out = list(d0)
+    out[i] = total
+    return like(first, out)
+
+
+@op("stack")
+def stack(xs: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
+    return torch.stack(list(xs), dim=dim)
+
+
+@stack.rule
+def _(xs: Sequence[SymTensor], dim: int = 0) -> SymTensor:
+    d0 = xs[0].fixed_dims("stack")
+    for x in xs[1:]:
+        d = x.fixed_dims("stack")
+        if len(d) != len(d0):
+            raise ShapeError(f"stack: ranks differ: {xs[0].show()} and {x.show()}")
+        same_dtype(xs[0], x, "stack")
+        for a, b in zip(d0, d):
+            same(a, b, "stack: shapes differ", xs[0], x)
+    i = axis(xs[0], dim, len(d0) + 1)
+    return like(xs[0], [*d0[:i], Poly.const(len(xs)), *d0[i:]])
+
+
+@op("split")
+def split(x: torch.Tensor, sizes: Sequence[Any], dim: int = -1) -> tuple[torch.Tensor, ...]:
+    """Split into consecutive pieces of the given sizes along ``dim``."""
+    return torch.split(x, list(sizes), dim=dim)
+
+
+@split.rule
+def _(x: SymTensor, sizes: Sequence[Any], dim: int = -1) -> tuple[SymTensor, ...]:
+    d = list(x.dims)
+    i = axis(x, dim)
+    parts = [nonneg(as_poly(s), "split: a piece", x) for s in sizes]
+    same(sum_dims(parts), d[i], "split: the pieces do not add up to the axis", x)  # type: ignore[arg-type]
+    return tuple(like(x, [*d[:i], p, *d[i + 1:]]) for p in parts)
+
+
+@op("pad")
+def pad(x: torch.Tensor, pads: Sequence[Any], value: float = 0.0) -> torch.Tensor:
+    """Constant padding, ``pads`` as torch orders it: last axis first, (before, after) pairs."""
+    return F.pad(x, [int(p) for p in pads], value=value)
+
+
+@pad.rule
+def _(x: SymTensor, pads: Sequence[Any], value: float = 0.0) -> SymTensor:
+    d = x.fixed_dims("pad")
+    if len(pads) % 2 or len(pads) // 2 > len(d):
+        raise ShapeError(f"pad: {len(pads)} values for {x.show()}")
+    facts = current().facts
+    for k in range(len(pads) // 2):
+        before, after = as_poly(pads[2 * k]), as_poly(pads[2 * k + 1])
+        for p in (before, after):
+            if not facts.nonneg(p):
+                raise ShapeError(f"pad: cannot prove the padding {fmt(p)} is nonnegative", hint=ge_hint(p))
+        d[len(d) - 1 - k] = d[len(d) - 1 - k] + before + after
+    return like(x, d)
+
+
+@op("repeat")
+def repeat(x: torch.Tensor, *times: Any) -> torch.Tensor:
+    return x.repeat(*times)
+
+
+@repeat.rule
+def _(x: SymTensor, *times: Any) -> SymTensor:
+    d = x.fixed_dims("repeat")
+    t = [nonneg(as_poly(s), "repeat: a factor", x) for s in times]
+    if len(t) < len(d):
+        raise ShapeError(f"repeat of {x.show()} with {len(t)} factors")
+    d = [ONE] * (len(t) - len(d)) + d
+    return like(x, [a * b for a, b in zip(d, t)])
