@@ -1,14 +1,18 @@
-"""Facts from ``where`` clauses and a small sound prover over them.
+"""Facts from ``where`` clauses and the prover over them.
 
 The prover answers three questions about canonical polynomials: are two dimensions equal, is a
-dimension nonnegative (or positive), does one divide another. It is sound and deliberately
-incomplete: ``False`` means "cannot prove", and the checker then names the missing fact.
+dimension nonnegative (or positive), does one divide another. ``False`` means "cannot prove", and
+the checker then names the missing fact. A small hand-written prover answers the common questions
+fast; what it cannot prove goes to the SMT solver (:mod:`kestrel.shapes.smt`), whose answer under
+Python's floor semantics is the last word (tests cross-check the fast path against z3 and against
+brute force over small bindings).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import smt
 from .poly import (
     ZERO,
     Atom,
@@ -99,11 +103,12 @@ class Facts:
         return _cancel_exact_divisions(p, divisors)
 
     # questions ------------------------------------------------------------------------------
-    def equal(self, a: Poly, b: Poly) -> bool:
+    def fast_equal(self, a: Poly, b: Poly) -> bool:
+        """The hand prover's ``a == b`` (no solver)."""
         return self.simplify(a - b) == ZERO
 
-    def nonneg(self, p: Poly) -> bool:
-        """``p >= 0`` for every binding the facts allow (``False``: cannot prove).
+    def fast_nonneg(self, p: Poly) -> bool:
+        """The hand prover's ``p >= 0`` (no solver): for every binding the facts allow (``False``: cannot prove).
 
         Lower bounds ``X >= c`` shift ``X`` to ``c + X'`` with ``X'`` natural; then ``p`` is
         nonnegative if it is a nonnegative combination of the (shifted) ``>=`` facts plus a
@@ -115,19 +120,43 @@ class Facts:
         shift, ges = self._shifted_facts()
         p = substitute(p, shift)
         ges = ges + [g for g in _quotient_bounds(p) if g not in ges]
-        if _nonneg(p, ges, _DEPTH):
-            return True
-        raised = _raise_quotients(p, ges)  # floor(a / b) >= 1 where a >= b: write it 1 + q'
-        return raised is not None and _nonneg(raised, ges, _DEPTH)
+        return _nonneg(p, ges, _DEPTH)
+
+    def nonneg(self, p: Poly) -> bool:
+        """``p >= 0`` for every binding the facts allow (``False``: cannot prove)."""
+        return self.fast_nonneg(p) or self._smt("ge", p, ZERO)
+
+    def equal(self, a: Poly, b: Poly) -> bool:
+        return self.fast_equal(a, b) or self._smt("eq", a, b)
+
+    def divides(self, d: Poly, n: Poly) -> bool:
+        return self.fast_divides(d, n) or self._smt("divides", d, n)
+
+    def counterexample(self, kind: str, lhs: Poly, rhs: Poly = ZERO) -> dict[str, int] | None:
+        """A binding the facts allow at which ``lhs >= rhs`` (``ge``), ``lhs == rhs`` (``eq``) or ``lhs | rhs``
+        (``divides``) fails, as z3 finds it; None when it finds none (or the statement holds)."""
+        return smt.counterexample(self._statements(), smt.Statement(kind, lhs, rhs))
+
+    def satisfiable_with(self, more: list[Fact]) -> bool | None:
+        """Whether some binding satisfies these facts and ``more`` (None: the solver could not tell)."""
+        return smt.satisfiable([*self._statements(), *(smt.Statement(f.kind, f.lhs, f.rhs) for f in more)])
+
+    def _statements(self) -> tuple[smt.Statement, ...]:
+        return tuple(smt.Statement(f.kind, f.lhs, f.rhs) for f in self.facts)
+
+    def _smt(self, kind: str, lhs: Poly, rhs: Poly) -> bool:
+        return smt.proves(self._statements(), smt.Statement(kind, lhs, rhs))
+
     def positive(self, p: Poly) -> bool:
         return self.nonneg(p - 1)
 
-    def divides(self, d: Poly, n: Poly) -> bool:
+    def fast_divides(self, d: Poly, n: Poly) -> bool:
+        """The hand prover's ``d | n`` (no solver)."""
         if d == ZERO:
             return False
         common, d2, n2 = _common_factor(d, n)  # m * d' divides m * n' when d' divides n'
         if common is not None:
-            return self.divides(d2, n2)
+            return self.fast_divides(d2, n2)
         if n == ZERO or mod(n, d) == ZERO or (d.is_const and d.value in (1, -1)):
             return True
         if len(d.terms) > 1:
@@ -137,17 +166,17 @@ class Facts:
             if common is not None and len(rest.terms) > 1:
                 inner = exact_quotient(n, rest)
                 if inner is not None:
-                    return self.divides(common, inner)
+                    return self.fast_divides(common, inner)
         d, n = self.simplify(d), self.simplify(n)
         if n == ZERO or mod(n, d) == ZERO:
             return True
         common, d2, n2 = _common_factor(d, n)
         if common is not None:
-            return self.divides(d2, n2)
-        if any(self.equal(d, fd) and self.equal(n, fn) for fd, fn in self._divisors()):
+            return self.fast_divides(d2, n2)
+        if any(self.fast_equal(d, fd) and self.fast_equal(n, fn) for fd, fn in self._divisors()):
             return True
         # d | a and d | b give d | (a * k + b * l): split n into terms the known divisors cover
-        return _covered(n, d, [fn for fd, fn in self._divisors() if self.equal(d, fd)])
+        return _covered(n, d, [fn for fd, fn in self._divisors() if self.fast_equal(d, fd)])
 
     # helpers --------------------------------------------------------------------------------
     def _shifted_facts(self) -> tuple[dict[str, Poly], list[Poly]]:
@@ -223,28 +252,6 @@ def _quotient_bounds(p: Poly) -> list[Poly]:
             out += [a.a - c * q, c * q + (c - 1) - a.a]
     return out
 
-
-def _raise_quotients(p: Poly, ges: list[Poly]) -> Poly | None:
-    """p with each quotient atom ``q = a / b`` proved ``>= 1`` rewritten as ``1 + q'`` (``q' >= 0``).
-
-    The result is over the same atoms read as ``q' = q - 1``; each stays a natural number, so the
-    structural test applies to it unchanged. None when no quotient can be raised.
-    """
-    lows: dict[Atom, int] = {}
-    for mono, _ in p.terms:
-        for a in mono:
-            if isinstance(a, FloorDiv) and a not in lows:
-                ok = _nonneg(a.a - a.b, ges, _DEPTH) and _nonneg(a.b - 1, ges, _DEPTH)
-                lows[a] = 1 if ok else 0
-    if not any(lows.values()):
-        return None
-    out = ZERO
-    for mono, coef in p.terms:
-        term = Poly.const(coef)
-        for a in mono:
-            term = term * (Poly.atom(a) + lows.get(a, 0))
-        out = out + term
-    return out
 
 
 def _atom_nonneg(a: Atom, ges: list[Poly], proving: frozenset[Atom] = frozenset()) -> bool:
