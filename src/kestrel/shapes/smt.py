@@ -22,10 +22,8 @@ TIMEOUT_MS = 2000  # per question; a timeout is "cannot prove", never "proved"
 
 @dataclass(frozen=True)
 class Statement:
-    """``lhs >= 0`` (kind ``ge``), ``lhs == 0`` (``eq``) or ``lhs % rhs == 0`` with ``rhs`` the divisor (``divides``).
-
-    The polynomials are given as ``(lhs, rhs)``: ``ge``/``eq`` compare ``lhs`` with ``rhs``.
-    """
+    """``lhs >= rhs`` (kind ``ge``), ``lhs == rhs`` (``eq``), or ``lhs`` divides ``rhs`` (``divides``: ``rhs % lhs
+    == 0`` wherever ``lhs != 0``; a caller that divides proves ``lhs > 0`` on its own)."""
 
     kind: str
     lhs: Poly
@@ -99,10 +97,10 @@ class _Encoder:
             return self.poly(s.lhs) - self.poly(s.rhs) >= 0
         if s.kind == "eq":
             return self.poly(s.lhs) == self.poly(s.rhs)
-        if s.kind == "divides":  # lhs divides rhs: rhs % lhs == 0 under Python's semantics
-            d, n = self.poly(s.lhs), self.poly(s.rhs)
+        if s.kind == "divides":  # lhs divides rhs: rhs % lhs == 0 wherever lhs is not 0 (callers prove
+            d, n = self.poly(s.lhs), self.poly(s.rhs)  # the divisor positive on their own)
             q = self.quotient(s.rhs, s.lhs)
-            return z3.And(d != 0, n == d * q)
+            return z3.Implies(d != 0, n == d * q)
         raise ValueError(f"unknown statement kind {s.kind!r}")
 
 
@@ -164,7 +162,7 @@ def holds_at(s: Statement, binding: Mapping[str, int]) -> bool | None:
         return a >= b
     if s.kind == "eq":
         return a == b
-    return a != 0 and b % a == 0
+    return a == 0 or b % a == 0
 
 
 def _decide(facts: tuple[Statement, ...], goal: Statement) -> tuple[bool, dict[str, int] | None]:
