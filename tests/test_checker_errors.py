@@ -84,7 +84,7 @@ class HeadSplit(Block, module="test.errors"):
 
     def forward(self, x: "Tensor[B, N, D; T]") -> "Tensor[B, Heads, N, D / Heads; T]":
         B, N, _ = x.shape
-        return x.view(B, N, self.Heads, self.D // self.Heads).transpose(1, 2)  # planted: heads
+        return x.reshape(B, N, self.Heads, self.D // self.Heads).transpose(1, 2)  # planted: heads
 
 
 class HeadSplitProved(Block, module="test.errors"):
@@ -95,7 +95,7 @@ class HeadSplitProved(Block, module="test.errors"):
 
     def forward(self, x: "Tensor[B, N, D; T]") -> "Tensor[B, Heads, N, D / Heads; T]":
         B, N, _ = x.shape
-        return x.view(B, N, self.Heads, self.D // self.Heads).transpose(1, 2)
+        return x.reshape(B, N, self.Heads, self.D // self.Heads).transpose(1, 2)
 
 
 class Broadcast(Block, module="test.errors"):
@@ -217,7 +217,7 @@ class Clean(Block, module="test.errors"):
             x = ops.layer_norm(x, self.norm_weight, self.norm_bias)
         for layer in self.layers:
             x = ops.gelu(layer(x))
-        h = x.view(B, N, self.Heads, self.D // self.Heads).transpose(1, 2)
+        h = x.reshape(B, N, self.Heads, self.D // self.Heads).transpose(1, 2)
         y = ops.attention(h, h, h)
         split = self.parts(x.mean(1))
         x = x + split.reshape(B, 1, self.D)

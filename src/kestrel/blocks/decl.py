@@ -195,6 +195,12 @@ def read_block(cls: type, module: str) -> BlockDecl:
             default = cls.__dict__.get(name)
             if default is not None and not isinstance(default, DType):
                 raise DeclarationError(f"default of generic {name} must be a dtype", file, member_line.get(name))
+            if default is not None and not isinstance(ann, DTypeKind):
+                raise DeclarationError(f"generic {name} is a {ann.__name__}: only dtype generics take a default",
+                                       file, member_line.get(name))
+            if default is not None and isinstance(ann, DTypeKind) and not ann.admits(default):
+                raise DeclarationError(f"default of generic {name}: {ann.name} is {default}, which {ann.name} does "
+                                       f"not admit", file, member_line.get(name))
             generics.append(GenericDecl(name, ann, default))
 
     decl = BlockDecl(cls.__name__, module, cls, generics, file=file, line=first)

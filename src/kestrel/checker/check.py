@@ -8,6 +8,7 @@ instantiated with the caller's generics (callee bodies are checked once, generic
 from __future__ import annotations
 
 import dis
+import itertools
 import os
 import re
 import sys
@@ -23,6 +24,7 @@ from ..types.dtypes import DType, DTypeVar
 from ..types.tensor import TensorType, TupleType, Type, Variadic
 from ..types.unify import Binding, match
 from .graph import Graph
+from .language import code_info, static_refusals
 from .symbolic import Context, ShapeError, SymDim, SymTensor, checking, current, dim_of, record
 
 
@@ -94,6 +96,8 @@ class SelfProxy:
             if m.name != name:
                 continue
             if isinstance(m, ParamDecl):
+                if m.optional and _optional_absent(name):
+                    return None
                 if name not in self._params:
                     t = SymTensor(TensorType(m.type.dims, m.type.dtype))
                     current().graph.values[t.vid].name = name
@@ -142,6 +146,8 @@ class SubProxy:
             return dim_of(dims[name])
         for p in callee.params:
             if p.name == name:
+                if p.optional and _optional_absent(f"{self.label}.{name}"):
+                    return None
                 t = SymTensor(p.type.substitute(dims, dtypes))  # type: ignore[arg-type]
                 record(f"{self.label}.{name}", [], [t], kind="param")
                 return t
@@ -163,15 +169,23 @@ class ArrayProxy:
         length, so it is refused.
         """
         frame = sys._getframe(1)  # the frame running the ``for`` (through enumerate/zip too)
+        loop = _loop_of(self.sub, frame)
         before = dict(frame.f_locals)
         sizes = {k: len(v) for k, v in before.items() if isinstance(v, list | dict)}
-        try:
-            yield SubProxy(self.sub, f"{self.sub.name}[i]")
-        finally:
-            after = dict(frame.f_locals)
-            _check_fixed_point(self.sub, before, sizes, after)
-            _check_defined_before(self.sub, frame, [k for k, v in after.items()
-                                                    if k not in before and _tensors_of(v) is not None])
+        cells = {k: (list(v.items()) if isinstance(v, dict) else list(v)) for k, v in before.items()
+                 if isinstance(v, list | dict)}
+        yield SubProxy(self.sub, f"{self.sub.name}[i]")
+        # only reached when the for statement asks for a second layer: the body ran through once
+        after = dict(frame.f_locals)
+        targets = set(loop.targets) if loop is not None else set()
+        if loop is not None:
+            for t in loop.targets:
+                if t in loop.loads and not isinstance(after.get(t), SubProxy | SymTensor | tuple):
+                    raise ShapeError(f"the loop over {self.sub.name} uses its index {t} in the body: the checker "
+                                     "checks one iteration for every layer, so the index would look like 0; give "
+                                     "every layer the same code")
+        _check_fixed_point(self.sub, before, sizes, after, targets, cells)
+        _check_defined_before(self.sub, frame, [k for k in after if k not in before])
 
     def __len__(self) -> int:
         assert self.sub.count is not None
@@ -187,7 +201,21 @@ class ArrayProxy:
         return SubProxy(self.sub, f"{self.sub.name}[{i}]")
 
 
-def _check_fixed_point(sub: SubDecl, before: dict[str, Any], sizes: dict[str, int], after: dict[str, Any]) -> None:
+def _loop_of(sub: SubDecl, frame: Any) -> Any:
+    """The ``for`` statement iterating the sub array, from its source; refuse what one iteration cannot stand for."""
+    instr = next((i for i in dis.get_instructions(frame.f_code) if i.offset == frame.f_lasti), None)
+    if instr is None or instr.opname != "FOR_ITER" or frame.f_code.co_name.startswith("<"):
+        raise ShapeError(f"the sub array {sub.name} is iterated other than by a for statement (a comprehension, "
+                         "list(), sum() or similar would see a single layer): write a for loop")
+    loop = code_info(frame.f_code).loop_at(frame.f_lineno)
+    if loop is not None and loop.escape is not None:
+        raise ShapeError(f"{loop.escape} inside the loop over {sub.name}: the checker checks one iteration for "
+                         "every layer, so every layer must run the whole body")
+    return loop
+
+
+def _check_fixed_point(sub: SubDecl, before: dict[str, Any], sizes: dict[str, int], after: dict[str, Any],
+                       targets: set[str] | None = None, cells: dict[str, list] | None = None) -> None:
     ctx = current()
     what = f"the loop over {sub.name} ({format_poly(sub.count, ctx.order) if sub.count is not None else 1} layers)"
     for name, old in before.items():
@@ -196,7 +224,12 @@ def _check_fixed_point(sub: SubDecl, before: dict[str, Any], sizes: dict[str, in
             continue
         a, b = _tensors_of(old), _tensors_of(new)
         if a is None:
-            continue
+            if name in (targets or ()) or isinstance(new, SubProxy):
+                continue
+            raise ShapeError(f"{what} carries the Python value {name} from one iteration to the next "
+                             f"({_show_value(old)} before an iteration, {_show_value(new)} after it): the checker "
+                             "checks one iteration for every layer; compute it before the loop or keep it in a "
+                             "tensor of a fixed type")
         if b is None or len(a) != len(b):
             raise ShapeError(f"{what} changes what {name} holds: before an iteration {_show_value(old)}, "
                              f"after it {_show_value(new)}")
@@ -213,10 +246,16 @@ def _check_fixed_point(sub: SubDecl, before: dict[str, Any], sizes: dict[str, in
         if isinstance(v, list | dict) and v is before[name] and len(v) != n:
             raise ShapeError(f"{what} grows {name} by {len(v) - n} per iteration: its length would be symbolic; "
                              "stack the layers' outputs with a typed sub instead")
+        if isinstance(v, list | dict) and v is before[name]:
+            now = list(v.items()) if isinstance(v, dict) else list(v)
+            old_items = (cells or {}).get(name, now)
+            if any(x is not y for x, y in zip(old_items, now)):
+                raise ShapeError(f"{what} changes an item of {name} in each iteration: a Python list or dict may "
+                                 "not carry values from one layer to the next; carry a tensor in a local name")
 
 
 def _check_defined_before(sub: SubDecl, frame: Any, new: list[str]) -> None:
-    """A tensor first bound inside the loop and read after it needs at least one layer."""
+    """A name first bound inside the loop and read after it needs at least one layer."""
     ctx = current()
     if not new or sub.count is None or ctx.facts.positive(sub.count):
         return
@@ -224,8 +263,14 @@ def _check_defined_before(sub: SubDecl, frame: Any, new: list[str]) -> None:
     loop = next((i for i in instrs if i.offset == frame.f_lasti), None)
     if loop is None or loop.opname != "FOR_ITER":
         return
-    read = sorted({i.argval for i in instrs if i.offset >= loop.argval and i.opname.startswith("LOAD_")
-                   and i.argval in new})
+    first: dict[str, str] = {}  # after the loop, whether each name is first read or first bound again
+    for i in instrs:
+        if i.offset >= loop.argval and i.argval in new and i.argval not in first:
+            if i.opname.startswith("LOAD_"):
+                first[i.argval] = "load"
+            elif i.opname.startswith("STORE_"):
+                first[i.argval] = "store"
+    read = sorted(n for n, k in first.items() if k == "load")
     if read:
         count = format_poly(sub.count, ctx.order)
         raise ShapeError(f"{', '.join(read)} is bound only inside the loop over {sub.name} and read after it, "
@@ -343,6 +388,44 @@ def check_function(decl: BlockDecl, fn: FnDecl) -> tuple[Graph, list[Diagnostic]
     def diag(message: str, file: str | None, line: int | None, hint: str | None = None) -> None:
         diags.append(Diagnostic(decl.qualname, fn.name, message, file, line, _where_hint(decl, hint)))
 
+    dtype_generics = {g.name for g in decl.generics if g.is_dtype}
+    refused = static_refusals(fn.fn, dtype_generics)
+    for r in refused:
+        diag(f"{r.construct} is outside the language the checker models", r.file, r.line)
+    if refused:
+        return graph, diags
+    ok, read = _run(decl, fn, ctx, diag, frozenset())
+    if not ok:
+        return graph, diags
+    # an optional param may be absent at run time: every combination the function reads is checked too
+    if len(read) > MAX_OPTIONAL:
+        diag(f"reads {len(read)} optional params ({', '.join(read)}); the checker checks every combination of "
+             f"present and absent ones up to {MAX_OPTIONAL}", fn.file, fn.line)
+        return graph, diags
+    for k in range(1, len(read) + 1):
+        for absent in itertools.combinations(read, k):
+            scratch = Graph(decl.qualname, fn.name, decl.order.copy())
+            sctx = Context(ctx.facts, scratch.order, scratch, fn.fn.__code__)
+            prefix = f"with the optional param{'s' if k > 1 else ''} {', '.join(absent)} absent: "
+            if not _run(decl, fn, sctx, lambda m, f, ln, h=None, p=prefix: diag(p + m, f, ln, h), frozenset(absent))[0]:
+                return graph, diags
+    return graph, diags
+
+
+MAX_OPTIONAL = 6
+
+
+def _run(decl: BlockDecl, fn: FnDecl, ctx: Context, diag: Any, absent: frozenset[str]) -> tuple[bool, list[str]]:
+    """Run ``fn`` once under the checker; False when it reported a diagnostic. Also the optional params it read."""
+    ctx.absent = absent  # type: ignore[attr-defined]
+    ctx.optional_read = []  # type: ignore[attr-defined]
+    graph = ctx.graph
+    reported: list[str] = []
+
+    def note(message: str, file: str | None, line: int | None, hint: str | None = None) -> None:
+        reported.append(message)
+        diag(message, file, line, hint)
+
     with checking(ctx):
         args = []
         for name, t in fn.params:
@@ -355,12 +438,42 @@ def check_function(decl: BlockDecl, fn: FnDecl) -> tuple[Graph, list[Diagnostic]
             out = fn.fn(SelfProxy(decl), *args)
         except ShapeError as e:
             diag(e.message, e.file, e.line, e.hint)
-            return graph, diags
+            return False, []
         except DeclarationError as e:
             diag(e.message, e.file, e.line)
-            return graph, diags
-        _check_result(fn, out, ctx, diag)
-    return graph, diags
+            return False, []
+        except RecursionError:
+            diag("recursion under the checker: a block function may not call itself", fn.file, fn.line)
+            return False, []
+        except Exception as e:  # Python the checker does not model: a diagnostic, never a crash
+            file, line = _user_line(e.__traceback__, fn)
+            diag(f"{type(e).__name__} under the checker: {e} (the checker models a closed subset of Python; see "
+                 "the README's list)", file, line)
+            return False, []
+        _check_result(fn, out, ctx, note)
+    return not reported, list(dict.fromkeys(ctx.optional_read))  # type: ignore[attr-defined]
+
+
+def _optional_absent(key: str) -> bool:
+    """Whether the optional param ``key`` is absent in this run (and note that the function reads it)."""
+    ctx = current()
+    read = getattr(ctx, "optional_read", None)
+    if read is not None:
+        read.append(key)
+    return key in getattr(ctx, "absent", ())
+
+
+def _user_line(tb: Any, fn: FnDecl) -> tuple[str | None, int | None]:
+    """The innermost traceback line inside the user's source (outside the checker machinery)."""
+    from .symbolic import _INTERNAL
+
+    file, line = fn.file, fn.line
+    while tb is not None:
+        name = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if not name.startswith(_INTERNAL) and os.sep + "kestrel" + os.sep + "blocks" not in name:
+            file, line = tb.tb_frame.f_code.co_filename, tb.tb_lineno
+        tb = tb.tb_next
+    return file, line
 
 
 def _where_hint(decl: BlockDecl, hint: str | None, facts: Facts | None = None) -> str | None:
@@ -418,6 +531,11 @@ def _check_result(fn: FnDecl, out: Any, ctx: Context, diag: Any) -> None:
     declared = fn.result.items if isinstance(fn.result, TupleType) else (fn.result,)
     got = out if isinstance(out, tuple) else (out,)
     want_text = fn.result.format(ctx.order)
+    if isinstance(out, tuple) != isinstance(fn.result, TupleType):
+        shown = (f"a {len(out)}-tuple" if isinstance(out, tuple) else
+                 out.show() if isinstance(out, SymTensor) else type(out).__name__)
+        diag(f"returns {shown} where the declared result is {want_text}", fn.file, fn.line)
+        return
     if len(got) != len(declared) or not all(isinstance(g, SymTensor) for g in got):
         diag(f"returns {len(got)} value(s) where the declared result is {want_text}", fn.file, fn.line)
         return

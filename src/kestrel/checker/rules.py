@@ -83,6 +83,8 @@ def axis(x: SymTensor, dim: int, rank: int | None = None) -> int:
 
     Through a variadic run ``*S`` only an axis after it, counted from the end, is known.
     """
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise ShapeError(f"an axis must be a Python int, got {type(dim).__name__} {dim!r}")
     if rank is None and x.type.rank is None:
         d = x.dims
         if dim >= 0 or -dim > len(d) or any(isinstance(a, Variadic) for a in d[dim:]):
@@ -109,9 +111,14 @@ def broadcast_dims(x: Sequence[Poly | Variadic], y: Sequence[Poly | Variadic], w
         a = x[i] if i >= 0 else None
         b = y[j] if j >= 0 else None
         if isinstance(a, Variadic) or isinstance(b, Variadic):
-            # a variadic run passes through only against nothing or the same run
+            # a variadic run passes through only against nothing or the same run (then the axes before
+            # the run broadcast in turn: [*S, D] with [B, *S, D] is [B, *S, D])
             if a is not None and b is not None and a != b:
-                raise ShapeError(f"{what}: cannot broadcast {xs} with {ys}: {a} against {b}")
+                raise ShapeError(f"{what}: cannot broadcast {xs} with {ys}: {a} against {b} (a run of unknown "
+                                 "length cannot line up with another axis)")
+            if a is not None and b is not None:
+                head = broadcast_dims(x[:i], y[:j], what, xs, ys)
+                return [*head, a, *reversed(out)]
             rest = list(x[: i + 1]) if isinstance(a, Variadic) else list(y[: j + 1])
             return rest + list(reversed(out))
         if a is None:

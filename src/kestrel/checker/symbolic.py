@@ -233,11 +233,12 @@ METHODS: dict[str, Callable[..., Any]] = {}
 class SymTensor:
     """A tensor under the checker: its type, and its id in the function's graph."""
 
-    __slots__ = ("type", "vid")
+    __slots__ = ("row_major", "type", "vid")
 
-    def __init__(self, type: TensorType, vid: int | None = None) -> None:
+    def __init__(self, type: TensorType, vid: int | None = None, row_major: bool = False) -> None:
         self.type = type
         self.vid = vid if vid is not None else current().graph.add_value(type)
+        self.row_major = row_major  # proved row-major (``view`` needs it); unknown layouts are not
 
     def __repr__(self) -> str:
         return f"SymTensor({self.type.format(current().order if _stack else None)})"
@@ -344,11 +345,13 @@ def _tensors_in(x: Any) -> list[SymTensor]:
     return []
 
 
-def op(name: str) -> Callable[[Callable[..., Any]], Any]:
+def op(name: str, layout: str = "unknown") -> Callable[[Callable[..., Any]], Any]:
     """Make a std op from its torch kernel; attach its shape rule with ``@the_op.rule``.
 
     Called with torch tensors it runs the kernel; called with symbolic tensors it runs the rule and
-    records a node in the graph of the function being checked.
+    records a node in the graph of the function being checked. ``layout`` says what the checker may
+    assume of the results' memory layout: ``"preserve"`` (row-major when every tensor argument is),
+    ``"fresh"`` (always row-major) or ``"unknown"``.
     """
 
     def wrap(kernel: Callable[..., Any]) -> Any:
@@ -359,7 +362,12 @@ def op(name: str) -> Callable[[Callable[..., Any]], Any]:
             if not (_stack and is_symbolic(args, kwargs)):
                 return kernel(*args, **kwargs)
             out = rule_box[0](*args, **kwargs)
-            record(name, _tensors_in((args, kwargs)), _tensors_in(out))
+            inputs = _tensors_in((args, kwargs))
+            outs = _tensors_in(out)
+            row_major = layout == "fresh" or (layout == "preserve" and all(t.row_major for t in inputs))
+            for t in outs:
+                t.row_major = row_major
+            record(name, inputs, outs)
             return out
 
         def rule(fn: Callable[..., Any]) -> Callable[..., Any]:

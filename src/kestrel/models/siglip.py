@@ -58,7 +58,7 @@ class Attention(Block):
         B, N, _ = x.shape
 
         def heads(t):
-            return t.view(B, N, self.Heads, self.D // self.Heads).transpose(1, 2)
+            return t.reshape(B, N, self.Heads, self.D // self.Heads).transpose(1, 2)
 
         qkv = (self.query, self.key, self.value)  # one GEMM: the three weights share one buffer
         q, k, v = ops.fused_linear(x, [p.weight for p in qkv], [p.bias for p in qkv])
@@ -110,11 +110,11 @@ class AttentionPool(Block):
         D, Dh = self.D, self.D // self.Heads
         w, b = self.in_proj_weight, self.in_proj_bias
         probe = self.probe.expand(B, -1, -1)
-        q = ops.linear(probe, w[:D], b[:D]).view(B, 1, self.Heads, Dh).transpose(1, 2)
+        q = ops.linear(probe, w[:D], b[:D]).reshape(B, 1, self.Heads, Dh).transpose(1, 2)
         # key and value in one product, as the reference projects them when key is value
         k, v = ops.split(ops.linear(x, w[D:], b[D:]), [D, D], dim=-1)
-        k = k.view(B, N, self.Heads, Dh).transpose(1, 2)
-        v = v.view(B, N, self.Heads, Dh).transpose(1, 2)
+        k = k.reshape(B, N, self.Heads, Dh).transpose(1, 2)
+        v = v.reshape(B, N, self.Heads, Dh).transpose(1, 2)
         y = self.out(ops.attention(q, k, v).transpose(1, 2).reshape(B, 1, D))
         y = y + self.mlp(self.norm(y))
         return y[:, 0]

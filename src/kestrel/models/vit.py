@@ -38,7 +38,7 @@ class Attention(Block):
         B, N, _ = x.shape
 
         def heads(t):
-            return t.view(B, N, self.Heads, self.D // self.Heads).transpose(1, 2)
+            return t.reshape(B, N, self.Heads, self.D // self.Heads).transpose(1, 2)
 
         qkv = (self.query, self.key, self.value)  # one GEMM: the three weights share one buffer
         q, k, v = ops.fused_linear(x, [p.weight for p in qkv], [p.bias for p in qkv])

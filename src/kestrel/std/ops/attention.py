@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 
 from ...checker.rules import (
-    broadcast_dims,
     float_dtype,
     like,
     operand,
@@ -17,7 +16,7 @@ from ...checker.rules import (
     show_dims,
 )
 from ...checker.symbolic import ShapeError, SymTensor, as_poly, current, fmt, op, require_positive
-from ...shapes.poly import Poly
+from ...shapes.poly import ONE, Poly
 from ...types.dtypes import bool_
 from .. import kernels
 
@@ -57,6 +56,8 @@ def qkv_dims(name: str, q: SymTensor, k: SymTensor, v: SymTensor,
     same(dk[-2], dv[-2], f"{name}: key and value lengths differ", k, v)
     for a, b in zip(dq[:-2], dk[:-2]):
         same(a, b, f"{name}: batch axes of query and key differ", q, k)
+    for a, b in zip(dk[:-2], dv[:-2]):
+        same(a, b, f"{name}: batch axes of key and value differ", k, v)
     return dq, dk, dv
 
 
@@ -72,10 +73,18 @@ def _(q: SymTensor, k: SymTensor, v: SymTensor, bias: SymTensor | None = None, m
     if mask is not None and mask.dtype != bool_:
         raise ShapeError(f"attention: the mask must be a bool tensor, got {mask.show()}")
     scores = [*dq[:-1], dk[-2]]
+    facts = current().facts
     for extra, name in ((bias, "bias"), (mask, "mask")):
-        if extra is not None:
-            broadcast_dims(scores, extra.fixed_dims(), f"attention {name}", f"scores [{show_dims(scores)}]",
-                           extra.show())
+        if extra is None:
+            continue
+        de = extra.fixed_dims(f"attention's {name}")
+        if len(de) > len(scores):
+            raise ShapeError(f"attention: the {name} {extra.show()} has more axes than the scores "
+                             f"[{show_dims(scores)}]")
+        for s, e in zip(scores[len(scores) - len(de):], de):  # it must broadcast to the scores, never widen them
+            if not (e == ONE or facts.equal(s, e)):
+                raise ShapeError(f"attention: the {name} {extra.show()} does not broadcast to the scores "
+                                 f"[{show_dims(scores)}]: {fmt(e)} against {fmt(s)}", hint=f"{fmt(e)} == {fmt(s)}")
     return like(q, [*dq[:-1], dv[-1]])
 
 
@@ -126,9 +135,7 @@ def _few_keys_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads
 
 @multihead_attention.rule
 def _(q: SymTensor, k: SymTensor, v: SymTensor, heads: Any) -> SymTensor:
-    dq, dk, dv = qkv_dims("multihead_attention", q, k, v)
-    for a, b in zip(dk[:-2], dv[:-2]):
-        same(a, b, "multihead_attention: batch axes of key and value differ", k, v)
+    dq, _, dv = qkv_dims("multihead_attention", q, k, v)
     h = as_poly(heads)
     require_positive(h)
     facts = current().facts

@@ -130,8 +130,12 @@ def _(x: SymTensor, size: tuple[Any, Any] | None = None, scale_factor: Any = Non
     float_dtype(x, "interpolate")
     if len(d) != 4:
         raise ShapeError(f"interpolate takes [B, C, H, W], got {x.show()}")
+    if (size is None) == (scale_factor is None):
+        raise ShapeError("interpolate: give exactly one of size and scale_factor (torch refuses both or neither)")
+    for s in d[1:]:  # torch refuses an empty input (an empty batch is fine)
+        positive(s, "interpolate: an input axis", x)
     if size is None:
-        if not isinstance(scale_factor, int):
+        if isinstance(scale_factor, bool) or not isinstance(scale_factor, int):
             raise ShapeError("interpolate: give an output size (a float scale factor has no exact shape)")
         if scale_factor < 1:
             raise ShapeError(f"interpolate: the scale factor {scale_factor} must be at least 1")
@@ -139,8 +143,6 @@ def _(x: SymTensor, size: tuple[Any, Any] | None = None, scale_factor: Any = Non
     h, w = pair(size)
     for s in (h, w):
         positive(as_poly(s), "interpolate: the output size", x)
-    for s in d[1:]:  # torch refuses an empty input (an empty batch is fine)
-        positive(s, "interpolate: an input axis", x)
     return like(x, [d[0], d[1], as_poly(h), as_poly(w)])
 
 

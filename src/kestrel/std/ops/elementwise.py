@@ -22,7 +22,7 @@ from .. import kernels
 
 
 def _binary(name: str, torch_fn: Any) -> Any:
-    @op(name)
+    @op(name, layout="preserve")
     def kernel(x: Any, y: Any) -> Any:
         return torch_fn(x, y)
 
@@ -51,7 +51,7 @@ div = _binary("div", torch.div)
 
 
 def _unary(name: str, torch_fn: Any, needs_float: bool = True) -> Any:
-    @op(name)
+    @op(name, layout="preserve")
     def kernel(x: torch.Tensor) -> torch.Tensor:
         return torch_fn(x)
 
@@ -73,7 +73,7 @@ sin = _unary("sin", torch.sin)
 cos = _unary("cos", torch.cos)
 
 
-@op("gelu")
+@op("gelu", layout="preserve")
 def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """GELU, exact (erf) by default or ``approximate="tanh"``."""
     return F.gelu(x, approximate=approximate)
@@ -92,7 +92,7 @@ def _gelu_rule(name: str) -> Any:
 gelu.rule(_gelu_rule("gelu"))
 
 
-@op("gelu_")
+@op("gelu_", layout="preserve")
 def gelu_(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """GELU of a temporary nothing else reads (an MLP's hidden layer): in place in eager inference.
 
@@ -115,7 +115,7 @@ abs_ = _unary("abs", torch.abs)
 
 
 def _compare(name: str, torch_fn: Any) -> Any:
-    @op(name)
+    @op(name, layout="preserve")
     def kernel(x: torch.Tensor, value: int | float) -> torch.Tensor:
         return torch_fn(x, value)
 
@@ -132,7 +132,7 @@ gt = _compare("gt", torch.gt)  # ``x > value``, a bool tensor of x's shape
 ge = _compare("ge", torch.ge)  # ``x >= value``
 
 
-@op("eq")
+@op("eq", layout="preserve")
 def eq(x: torch.Tensor, value: int | float) -> torch.Tensor:
     """``x == value`` elementwise, a bool tensor of ``x``'s shape."""
     return x == value
@@ -145,7 +145,7 @@ def _(x: SymTensor, value: int | float) -> SymTensor:
     return like(x, x.dims, bool_)
 
 
-@op("where")
+@op("where", layout="preserve")
 def where(cond: torch.Tensor, x: Any, y: Any) -> torch.Tensor:
     """``x`` where ``cond`` holds, else ``y``; tensors broadcast, either side may be a number."""
     return torch.where(cond, x, y)
@@ -174,7 +174,7 @@ def _(cond: SymTensor, x: Any, y: Any) -> SymTensor:
     return like(tensors[0], dims)
 
 
-@op("cast")
+@op("cast", layout="preserve")
 def cast(x: torch.Tensor, dtype: DType) -> torch.Tensor:
     return x.to(dtype.torch)
 

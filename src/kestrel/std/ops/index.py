@@ -52,8 +52,11 @@ def getitem(x: SymTensor, index: Any) -> SymTensor:
     n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
     if n_real > len(d):
         raise ShapeError(f"too many indices ({n_real}) for {x.show()}")
-    if Ellipsis in idx:
-        k = idx.index(Ellipsis)
+    dots = [k for k, i in enumerate(idx) if i is Ellipsis]  # by identity: ``in`` would compare dimensions
+    if len(dots) > 1:
+        raise ShapeError(f"an index of {x.show()} may hold one ellipsis, got {len(dots)}")
+    if dots:
+        k = dots[0]
         idx = idx[:k] + (slice(None),) * (len(d) - n_real) + idx[k + 1:]
     out: list[Poly] = []
     facts = current().facts

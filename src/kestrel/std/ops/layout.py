@@ -27,13 +27,13 @@ from ...checker.symbolic import ShapeError, SymTensor, as_poly, current, fmt, op
 from ...shapes.poly import ONE, Poly, floordiv
 
 
-@op("reshape")
+@op("reshape", layout="preserve")
 def reshape(x: torch.Tensor, *shape: Any) -> torch.Tensor:
     return x.reshape(*shape)
 
 
 @reshape.rule
-def _(x: SymTensor, *shape: Any) -> SymTensor:
+def _reshape_rule(x: SymTensor, *shape: Any) -> SymTensor:
     src = x.fixed_dims("reshape")
     target: list[Poly | None] = []
     raw = shape[0] if len(shape) == 1 and isinstance(shape[0], list | tuple) else shape
@@ -61,7 +61,19 @@ def _(x: SymTensor, *shape: Any) -> SymTensor:
     return like(x, dims)
 
 
-view = reshape
+@op("view", layout="preserve")
+def view(x: torch.Tensor, *shape: Any) -> torch.Tensor:
+    """``x.view``: a reshape that never copies, so the checker accepts it only on a layout proved row-major."""
+    return x.view(*shape)
+
+
+@view.rule
+def _(x: SymTensor, *shape: Any) -> SymTensor:
+    if not x.row_major:
+        raise ShapeError(f"view of {x.show()}, whose layout may not be row-major (a transpose, permute, expand, "
+                         "slice or split result, or a function input): torch refuses views it cannot express; "
+                         "use reshape (it views when it can, and copies only when it must)")
+    return _reshape_rule(x, *shape)
 
 
 @op("permute")
@@ -73,12 +85,12 @@ def permute(x: torch.Tensor, *order: int) -> torch.Tensor:
 def _(x: SymTensor, *order: Any) -> SymTensor:
     d = x.fixed_dims("permute")
     order_ = tuple(order[0]) if len(order) == 1 and isinstance(order[0], list | tuple) else order
-    if sorted(o % len(d) for o in order_) != list(range(len(d))):
+    if len(order_) != len(d) or sorted(axis(x, o) for o in order_) != list(range(len(d))):
         raise ShapeError(f"permute{order_} is not a permutation of the {len(d)} axes of {x.show()}")
     return like(x, [d[o] for o in order_])
 
 
-@op("contiguous")
+@op("contiguous", layout="fresh")
 def contiguous(x: torch.Tensor) -> torch.Tensor:
     """The same values laid out row-major. A layout choice, not a type change: a permuted view left as
     it is makes every later elementwise op (and each residual add, whose result keeps the first
@@ -112,7 +124,12 @@ def flatten(x: torch.Tensor, start: int = 0, end: int = -1) -> torch.Tensor:
 @flatten.rule
 def _(x: SymTensor, start: int = 0, end: int = -1) -> SymTensor:
     d = x.fixed_dims("flatten")
+    if not d:  # torch flattens a 0-d tensor to one axis of 1
+        axis(x, start, 1), axis(x, end, 1)
+        return like(x, [ONE])
     i, j = axis(x, start), axis(x, end)
+    if i > j:
+        raise ShapeError(f"flatten({start}, {end}) of {x.show()}: the start axis comes after the end axis")
     return like(x, [*d[:i], numel(d[i: j + 1]), *d[j + 1:]])
 
 

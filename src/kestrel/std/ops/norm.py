@@ -16,7 +16,7 @@ from ...checker.rules import (
 from ...checker.symbolic import ShapeError, SymTensor, op
 
 
-@op("layer_norm")
+@op("layer_norm", layout="preserve")
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                eps: float = 1e-5) -> torch.Tensor:
     """Layer norm over the last axis."""
@@ -28,13 +28,16 @@ def _(x: SymTensor, weight: SymTensor | None, bias: SymTensor | None, eps: float
     d = last_dim(x, "layer_norm")
     for p in (weight, bias):
         if p is not None:
+            if len(p.fixed_dims("layer_norm's parameters")) != 1:
+                raise ShapeError(f"layer_norm: a weight or bias must be [D] for the last axis D, got {p.show()} "
+                                 f"with {x.show()}")
             same(p.fixed_dims()[0], d, "layer_norm: parameter length differs from the last axis", p, x)
             same_dtype(x, p, "layer_norm")
     float_dtype(x, "layer_norm")
     return like(x, x.dims)
 
 
-@op("layer_norm_chw")
+@op("layer_norm_chw", layout="preserve")
 def layer_norm_chw(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """Layer norm over the channel axis of ``[B, C, H, W]`` (SAM's channels-first norm)."""
     mean = x.mean(1, keepdim=True)
@@ -49,13 +52,15 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor, eps: float = 1e-6) -> Sy
     if len(d) != 4:
         raise ShapeError(f"layer_norm_chw takes [B, C, H, W], got {x.show()}")
     for p in (weight, bias):
+        if len(p.fixed_dims("layer_norm_chw's parameters")) != 1:
+            raise ShapeError(f"layer_norm_chw: a weight or bias must be [C], got {p.show()} with {x.show()}")
         same(p.fixed_dims()[0], d[1], "layer_norm_chw: parameter length differs from the channels", p, x)
         same_dtype(x, p, "layer_norm_chw")
     float_dtype(x, "layer_norm_chw")
     return like(x, x.dims)
 
 
-@op("rms_norm")
+@op("rms_norm", layout="preserve")
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """RMS norm over the last axis, computed in f32."""
     h = x.float()
@@ -65,6 +70,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
 
 @rms_norm.rule
 def _(x: SymTensor, weight: SymTensor, eps: float = 1e-6) -> SymTensor:
+    if len(weight.fixed_dims("rms_norm's weight")) != 1:
+        raise ShapeError(f"rms_norm: the weight must be [D] for the last axis D, got {weight.show()} with {x.show()}")
     same(weight.fixed_dims()[0], last_dim(x, "rms_norm"), "rms_norm: weight length differs from the last axis",
          weight, x)
     same_dtype(x, weight, "rms_norm")
@@ -72,7 +79,7 @@ def _(x: SymTensor, weight: SymTensor, eps: float = 1e-6) -> SymTensor:
     return like(x, x.dims)
 
 
-@op("l2_normalize")
+@op("l2_normalize", layout="preserve")
 def l2_normalize(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """``x / ||x||`` along ``dim``, as the reference divides by the norm."""
     return x / x.norm(p=2, dim=dim, keepdim=True)
@@ -84,7 +91,7 @@ def _(x: SymTensor, dim: int = -1) -> SymTensor:
     return like(x, x.dims)
 
 
-@op("softmax")
+@op("softmax", layout="preserve")
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return torch.softmax(x, dim=dim)
 

@@ -27,7 +27,10 @@ def _reduce(name: str, torch_fn: Any) -> Any:
     @kernel.rule
     def _(x: SymTensor, dim: int | Sequence[int], keepdim: bool = False) -> SymTensor:
         d = x.fixed_dims(name)
-        axes = {axis(x, a) for a in (dim if isinstance(dim, list | tuple) else [dim])}
+        listed = [axis(x, a) for a in (dim if isinstance(dim, list | tuple) else [dim])]
+        axes = set(listed)
+        if len(axes) != len(listed):
+            raise ShapeError(f"{name}: an axis appears twice in {dim} for {x.show()}")
         out = [ONE if i in axes else s for i, s in enumerate(d)] if keepdim else [
             s for i, s in enumerate(d) if i not in axes]
         if name == "amax":
