@@ -495,8 +495,8 @@ def _where_hint(decl: BlockDecl, hint: str | None, facts: Facts | None = None) -
     facts = facts if facts is not None else decl.facts()
     if all(_holds(facts, f.kind, f.lhs, f.rhs) for f in said):
         return None  # already implied: naming it would not make the diagnostic go away
-    if _impossible(said, facts):
-        return None
+    if _impossible(said, facts) or facts.satisfiable_with(said) is not True:
+        return None  # a fact no binding of the where clause satisfies (or the solver cannot tell)
     return hint
 
 
@@ -667,7 +667,13 @@ def _check_classes(report: Report, classes: list[type[Block]]) -> Report:
     for cls in classes:
         decl = cls.decl()
         report.blocks.append(decl)
-        report.diagnostics.extend(check_block(decl))
+        try:
+            report.diagnostics.extend(check_block(decl))
+        except (ShapeError, DeclarationError) as e:
+            report.diagnostics.append(Diagnostic(decl.qualname, None, e.message, e.file, e.line))
+        except Exception as e:  # a bug in the checker: one diagnostic here, the other blocks still checked
+            report.diagnostics.append(Diagnostic(decl.qualname, None, f"internal error of the checker (a bug): "
+                                                 f"{type(e).__name__}: {e}", decl.file, None))
         for fn in decl.functions:
             graph, diags = check_function(decl, fn)
             report.graphs[(decl.qualname, fn.name)] = graph

@@ -21,17 +21,21 @@ def like(x: SymTensor, dims: Sequence[Poly | Variadic], dtype: DType | DTypeVar 
 
 def nonneg(p: Poly, what: str, x: SymTensor | None = None) -> Poly:
     """Prove the size ``p >= 0`` from the where clause, or fail naming the missing fact."""
-    if not current().facts.nonneg(p):
+    facts = current().facts
+    if not facts.nonneg(p):
         shape = f" ({x.show()})" if x is not None else ""
-        raise ShapeError(f"{what}: cannot prove the size {fmt(p)} is nonnegative{shape}", hint=ge_hint(p))
+        raise ShapeError(f"{what}: cannot prove the size {fmt(p)} is nonnegative{shape}{facts.witness('ge', p)}",
+                         hint=ge_hint(p))
     return p
 
 
 def positive(p: Poly, what: str, x: SymTensor | None = None) -> Poly:
     """Prove the size ``p > 0`` (where torch refuses an empty axis), or fail naming the missing fact."""
-    if not current().facts.positive(p):
+    facts = current().facts
+    if not facts.positive(p):
         shape = f" ({x.show()})" if x is not None else ""
-        raise ShapeError(f"{what}: cannot prove the size {fmt(p)} is positive{shape}", hint=positive_hint(p))
+        raise ShapeError(f"{what}: cannot prove the size {fmt(p)} is positive{shape}"
+                         f"{facts.witness('ge', p, ONE)}", hint=positive_hint(p))
     return p
 
 
@@ -44,7 +48,8 @@ def same(a: Poly, b: Poly, what: str, x: SymTensor, y: SymTensor | None = None) 
     if current().facts.equal(a, b):
         return
     shapes = f"{x.show()} and {y.show()}" if y is not None else x.show()
-    raise ShapeError(f"{what}: {fmt(a)} vs {fmt(b)} ({shapes})", hint=f"{fmt(a)} == {fmt(b)}")
+    raise ShapeError(f"{what}: {fmt(a)} vs {fmt(b)} ({shapes}){current().facts.witness('eq', a, b)}",
+                     hint=f"{fmt(a)} == {fmt(b)}")
 
 
 def same_dtype(x: SymTensor, y: SymTensor, what: str) -> None:

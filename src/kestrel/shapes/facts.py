@@ -137,6 +137,23 @@ class Facts:
         (``divides``) fails, as z3 finds it; None when it finds none (or the statement holds)."""
         return smt.counterexample(self._statements(), smt.Statement(kind, lhs, rhs))
 
+    def witness(self, kind: str, lhs: Poly, rhs: Poly = ZERO) -> str:
+        """`` (at H = 5, K = 2: 4 against 5)``: a counterexample z3 finds, as a concrete binding with both
+        sides' values there; empty when the statement is constant or no counterexample is found."""
+        if lhs.is_const and rhs.is_const:
+            return ""
+        found = self.counterexample(kind, lhs, rhs)
+        if not found:
+            return ""
+        names = sorted({s.name for p in (lhs, rhs) for s in _all_symbols(p)})
+        if any(n not in found for n in names):
+            return ""
+        binding = ", ".join(f"{n} = {found[n]}" for n in names)
+        a, b = smt.evaluate(lhs, found), smt.evaluate(rhs, found)
+        if a is None or b is None:
+            return f" (fails at {binding})"
+        return f" (at {binding}: {a} against {b})"
+
     def satisfiable_with(self, more: list[Fact]) -> bool | None:
         """Whether some binding satisfies these facts and ``more`` (None: the solver could not tell)."""
         return smt.satisfiable([*self._statements(), *(smt.Statement(f.kind, f.lhs, f.rhs) for f in more)])
@@ -210,6 +227,18 @@ class Facts:
 
 
 _DEPTH = 3
+
+
+def _all_symbols(p: Poly) -> list[Sym]:
+    """Every symbol of p, inside atoms too."""
+    out: list[Sym] = []
+    for mono, _ in p.terms:
+        for a in mono:
+            if isinstance(a, Sym):
+                out.append(a)
+            elif isinstance(a, _Binary):
+                out += _all_symbols(a.a) + _all_symbols(a.b)
+    return out
 
 
 def _structural(p: Poly) -> bool:

@@ -123,7 +123,7 @@ def match(
         if not facts.equal(want, a):
             out.append(Mismatch(axis, _fmt(want, order), _fmt(a, order),
                                 f"axis {axis} is {_fmt(a, order)}, declared {_fmt(want, order)}"
-                                + _origin(p, want, binding, order)))
+                                + _origin(p, want, binding, order) + facts.witness("eq", a, want)))
 
     want_dtype = pattern.dtype
     if isinstance(want_dtype, DTypeVar) and want_dtype.name in binding.dtypes:
