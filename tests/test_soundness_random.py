@@ -1,8 +1,10 @@
 """Soundness in practice: random small blocks from the std ops, checked, then run in torch.
 
-A generator writes blocks (linear, conv, pool, pad, reshape into heads, attention, slice, cat,
-norm, interpolate, casts) with a ``where`` clause and a declared result that it derives itself;
-then it mutates some of them (a fact dropped, a result axis or dtype changed). Every block the
+A generator writes blocks from the closed language (linear, conv, pool, pad, reshape into heads,
+attention, slices, cat, split into a tuple, norm, interpolate, casts, views after contiguous, layer
+loops of any depth, branches on facts, tuple results) with a ``where`` clause and a declared result
+that it derives itself; then it mutates some of them (a fact dropped, a result axis off by one, a
+dtype changed, a tuple result swapped). Every block the
 checker accepts is bound at random generics allowed by its ``where`` clause and run on random
 inputs: it must run, and return exactly the declared shape and dtype. The default run uses a fixed
 seed; ``-m soundness_sweep`` runs a larger sweep.
@@ -24,6 +26,7 @@ from kestrel.blocks.block import check_entry_inputs
 from kestrel.checker.check import check_block_class
 from kestrel.shapes import evaluate
 from kestrel.types.dtypes import DType
+from kestrel.types.tensor import TupleType
 
 
 @dataclass
@@ -51,7 +54,7 @@ def _token_ops(rnd: random.Random, prog: Program) -> None:
     """One op on a ``[B, N, D]`` tensor."""
     last = prog.dims[-1]
     choice = rnd.choice(["linear", "norm", "gelu", "heads", "slice", "cat", "residual", "attention", "stack",
-                         "softmax"])
+                         "softmax", "branch", "split", "view", "drop"])
     if choice == "linear":
         e = prog.new("E")
         prog.facts.append(f"{e} > 0")
@@ -73,6 +76,25 @@ def _token_ops(rnd: random.Random, prog: Program) -> None:
         prog.body.append("    x = ops.gelu(layer(x)) + x")
     elif choice == "residual":
         prog.body.append("x = x + ops.silu(x)")
+    elif choice == "branch":  # an if on a fact the prover decides
+        k = prog.new("Br")
+        prog.facts.append(f"{k} >= 2")
+        prog.body.append(f"if self.{k} > 1:")
+        prog.body.append("    x = ops.gelu(x)")
+        prog.body.append("else:")
+        prog.body.append("    x = x[:, :, 1:]")
+    elif choice == "split" and last.isidentifier():  # a tuple of two pieces, joined again
+        k = prog.new("Sp")
+        prog.facts.append(f"{last} >= {k}")
+        prog.body.append(f"a, b = ops.split(x, [self.{k}, x.shape[-1] - self.{k}], dim=-1)")
+        prog.body.append("x = ops.cat([b, a], dim=-1)")
+    elif choice == "view":
+        prog.body.append("b, n = x.shape[0], x.shape[1]")
+        prog.body.append("x = x.transpose(1, 2).contiguous().transpose(1, 2).contiguous().view(b, n, -1)")
+    elif choice == "drop" and last.isidentifier():  # an off-by-one waiting to happen: drop the first column
+        prog.facts.append(f"{last} > 1")
+        prog.body.append("x = x[:, :, 1:]")
+        prog.dims[-1] = f"{last} - 1"
     elif choice in ("heads", "attention") and last.isidentifier():
         h = prog.new("Hd")
         prog.facts += [f"{h} > 0", f"{last} % {h} == 0"]
@@ -145,14 +167,19 @@ def generate(rnd: random.Random, index: int) -> tuple[str, bool]:
     if rnd.random() < 0.2:
         prog.body.append("x = ops.cast(x, f32)")
         prog.dtype = "f32"
+    pair = rnd.random() < 0.25  # a tuple result: the tensor and its first token
+    if pair:
+        prog.body.append("y = x[:, 0]")
     mutated = rnd.random() < 0.35
     if mutated:
-        what = rnd.choice(["fact", "fact", "axis", "dtype"])
+        what = rnd.choice(["fact", "fact", "axis", "dtype", "swap" if pair else "axis"])
         if what == "fact" and prog.facts:
             prog.facts.pop(rnd.randrange(len(prog.facts)))
         elif what == "axis":
             i = rnd.randrange(len(prog.dims))
             prog.dims[i] = f"{_p(prog.dims[i])} + 1"
+        elif what == "swap":
+            pair = "swapped"
         else:
             prog.dtype = "f32" if prog.dtype == "T" else "T"
     generics = "\n".join(f"    {g}: Dim" for g in prog.generics)
@@ -160,6 +187,11 @@ def generate(rnd: random.Random, index: int) -> tuple[str, bool]:
     subs = "\n".join(f"    {s}" for s in prog.subs)
     body = "\n".join(f"        {line}" for line in prog.body)
     out = f"Tensor[{', '.join(prog.dims)}; {prog.dtype}]"
+    first = f"Tensor[{', '.join(prog.dims[:1] + prog.dims[2:])}; {prog.dtype}]"
+    result = "x"
+    if pair:
+        out = f"({out}, {first})" if pair is True else f"({first}, {out})"
+        result = "x, y"
     src = f'''
 
 class P{index}(Block, module="rand.p{index}"):
@@ -171,7 +203,7 @@ class P{index}(Block, module="rand.p{index}"):
     @entry
     def forward(self, x: "{inp}") -> "{out}":
 {body}
-        return x
+        return {result}
 '''
     return src, mutated
 
@@ -257,12 +289,16 @@ def run_sweep(seed: int, count: int, tmp_path, bindings: int = 3) -> dict[str, i
             for p in block.parameters():
                 torch.nn.init.normal_(p, std=0.1)
             with torch.no_grad():
-                y = block(x)
+                out = block(x)
             env = {**dims, **{k: v.value for k, v in binding.dims.items()}}
-            want = tuple(evaluate(d, env) for d in fn.result.dims)
-            want_dtype = fn.result.dtype if isinstance(fn.result.dtype, DType) else dtype
-            assert tuple(y.shape) == want, (src, g, shape, tuple(y.shape), want)
-            assert y.dtype == want_dtype.torch, (src, g, y.dtype, want_dtype)
+            declared = fn.result.items if isinstance(fn.result, TupleType) else (fn.result,)
+            got = out if isinstance(out, tuple) else (out,)
+            assert isinstance(out, tuple) == isinstance(fn.result, TupleType) and len(got) == len(declared), src
+            for y, want_type in zip(got, declared):
+                want = tuple(evaluate(d, env) for d in want_type.dims)
+                want_dtype = want_type.dtype if isinstance(want_type.dtype, DType) else dtype
+                assert tuple(y.shape) == want, (src, g, shape, tuple(y.shape), want)
+                assert y.dtype == want_dtype.torch, (src, g, y.dtype, want_dtype)
             stats["runs"] += 1
     return stats
 
@@ -278,5 +314,6 @@ def test_random_blocks_that_check_run_with_their_declared_types(tmp_path):
 @pytest.mark.soundness_sweep
 @pytest.mark.parametrize("seed", range(10))
 def test_random_blocks_sweep(tmp_path, seed):
-    stats = run_sweep(seed=1000 + seed, count=40, tmp_path=tmp_path, bindings=4)
+    stats = run_sweep(seed=1000 + seed, count=60, tmp_path=tmp_path, bindings=4)
+    print(f"soundness sweep seed {1000 + seed}: 60 programs drawn, {stats}")
     assert stats["accepted"] > 0, stats
