@@ -231,8 +231,8 @@ class Clean(Block, module="test.errors"):
 def test_contraction_dimension():
     d = diagnose(Contraction)
     assert_at(d, "contraction")
-    assert d.message == ("linear: the contraction dimension differs: D vs In "
-                         "(Tensor[B, N, D; T] and Tensor[Out, In; T])")
+    assert d.message.startswith("linear: the contraction dimension differs: D vs In "
+                                "(Tensor[B, N, D; T] and Tensor[Out, In; T]) (at D = ")  # z3's counterexample
     assert d.hint == "D == In"
     assert "hint: add `where D == In` to test.errors::Contraction" in d.format()
 
@@ -319,8 +319,8 @@ def test_sub_generics_against_the_callee_where():
 def test_sub_called_with_the_wrong_shape():
     d = diagnose(SubCall)
     assert_at(d, "subcall")
-    assert d.message == ("proj: Linear<E, D, T>.forward expects x: Tensor[*S, E; T], got Tensor[B, N, D; T]: "
-                         "axis 2 is D, declared E")
+    assert d.message.startswith("proj: Linear<E, D, T>.forward expects x: Tensor[*S, E; T], got Tensor[B, N, D; T]: "
+                                "axis 2 is D, declared E (at D = ")
     assert d.hint == "D == E"
 
 

@@ -24,6 +24,7 @@ from .. import kernels
 def _conv_out(size: Poly, k: Poly, stride: Poly, pad: Poly, what: str = "conv", x: SymTensor | None = None) -> Poly:
     """``(size + 2 pad - k) / stride + 1``; torch needs the kernel to fit: ``size + 2 pad >= k``."""
     require_positive(stride)
+    positive(size, f"{what}: a spatial input axis (torch refuses an empty one, padded or not)", x)
     positive(k, f"{what}: the kernel size", x)
     nonneg(pad, f"{what}: the padding", x)
     nonneg(size + 2 * pad - k, f"{what}: the kernel {fmt(k)} must fit in the padded input (output size "
@@ -109,6 +110,8 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None) -> SymTens
     float_dtype(x, "conv_transpose2x2")
     positive(dw[0], "conv_transpose2x2: the input channels", weight)
     positive(dw[1], "conv_transpose2x2: the output channels", weight)
+    for a in dx[2:]:  # torch refuses an empty spatial input (an empty batch is fine)
+        positive(a, "conv_transpose2x2: a spatial input axis", x)
     _conv_bias(bias, dw[1], weight, "conv_transpose2x2")
     return like(x, [dx[0], dw[1], 2 * dx[2], 2 * dx[3]])
 
@@ -155,8 +158,9 @@ def max_pool2d(x: torch.Tensor, kernel: int, stride: int | None = None) -> torch
 def _(x: SymTensor, kernel: int, stride: int | None = None) -> SymTensor:
     d = x.fixed_dims("max_pool2d")
     float_dtype(x, "max_pool2d")
-    for a in d[1:-2]:  # torch refuses empty channels (an empty batch is fine)
-        positive(a, "max_pool2d: the channels", x)
+    if len(d) not in (3, 4):
+        raise ShapeError(f"max_pool2d takes [C, H, W] or [B, C, H, W], got {x.show()}")
+    positive(d[-3], "max_pool2d: the channels", x)  # torch refuses empty channels (an empty batch is fine)
     s = as_poly(stride if stride is not None else kernel)
     k = as_poly(kernel)
     return like(x, [*d[:-2], _conv_out(d[-2], k, s, Poly(), "max_pool2d", x),

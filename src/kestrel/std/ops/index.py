@@ -111,6 +111,8 @@ def _(ids: SymTensor, weight: SymTensor) -> SymTensor:
     if not (isinstance(ids.dtype, DType | DTypeVar) and ids.dtype.kind == "Int"):
         raise ShapeError(f"embedding: ids must be integers, got {ids.show()}")
     w = weight.fixed_dims("embedding")
+    if len(w) != 2:
+        raise ShapeError(f"embedding: the table must be [V, H], got {weight.show()}")
     return like(weight, [*ids.dims, w[1]])
 
 

@@ -85,6 +85,8 @@ def permute(x: torch.Tensor, *order: int) -> torch.Tensor:
 def _(x: SymTensor, *order: Any) -> SymTensor:
     d = x.fixed_dims("permute")
     order_ = tuple(order[0]) if len(order) == 1 and isinstance(order[0], list | tuple) else order
+    if not order:
+        raise ShapeError(f"permute of {x.show()} needs the order of its axes")
     if len(order_) != len(d) or sorted(axis(x, o) for o in order_) != list(range(len(d))):
         raise ShapeError(f"permute{order_} is not a permutation of the {len(d)} axes of {x.show()}")
     return like(x, [d[o] for o in order_])
@@ -274,6 +276,8 @@ def repeat(x: torch.Tensor, *times: Any) -> torch.Tensor:
 @repeat.rule
 def _(x: SymTensor, *times: Any) -> SymTensor:
     d = x.fixed_dims("repeat")
+    if not times:
+        raise ShapeError(f"repeat of {x.show()} needs one factor per axis")
     t = [nonneg(as_poly(s), "repeat: a factor", x) for s in times]
     if len(t) < len(d):
         raise ShapeError(f"repeat of {x.show()} with {len(t)} factors")
