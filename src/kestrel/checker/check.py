@@ -208,7 +208,10 @@ def _loop_of(sub: SubDecl, frame: Any) -> Any:
         raise ShapeError(f"the sub array {sub.name} is iterated other than by a for statement (a comprehension, "
                          "list(), sum() or similar would see a single layer): write a for loop")
     loop = code_info(frame.f_code).loop_at(frame.f_lineno)
-    if loop is not None and loop.escape is not None:
+    if loop is None:  # no for statement in the source here: an inlined comprehension, or no source at all
+        raise ShapeError(f"the sub array {sub.name} is iterated where the checker finds no for statement (a "
+                         "comprehension, or code without source): write a for loop")
+    if loop.escape is not None:
         raise ShapeError(f"{loop.escape} inside the loop over {sub.name}: the checker checks one iteration for "
                          "every layer, so every layer must run the whole body")
     return loop
