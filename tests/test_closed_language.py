@@ -552,3 +552,25 @@ def test_layer_loops_hold_for_every_layer_count_including_zero(cls):
     for n in (0, 1, 3):
         block = cls(D=4, N=n, T=f32)
         assert block(torch.zeros(2, 4)).shape == (2, 4)
+
+
+def _helper_with_try(x):
+    try:  # planted: helper_try
+        return x[:, 1:]
+    except Exception:
+        return x
+
+
+class HelperTry(Block, module="t.lang"):
+    D: Dim
+    T: Float = f32
+
+    def forward(self, x: "Tensor[B, D; T]") -> "Tensor[B, D; T]":
+        return self._trim(x)
+
+    def _trim(self, x):
+        return _helper_with_try(x)
+
+
+def test_helpers_are_held_to_the_same_language():
+    refused(HelperTry, "helper_try", "try statement")

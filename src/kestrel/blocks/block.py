@@ -145,7 +145,10 @@ def bind_generics(decl: BlockDecl, given: dict[str, Any]) -> Generics:
 
 
 def fact_holds(fact: Fact, dims: dict[str, int]) -> bool:
-    lhs, rhs = evaluate(fact.lhs, dims), evaluate(fact.rhs, dims)
+    try:
+        lhs, rhs = evaluate(fact.lhs, dims), evaluate(fact.rhs, dims)
+    except ZeroDivisionError:  # ``D % Heads == 0`` at Heads = 0: the fact does not hold
+        return False
     if fact.kind == "eq":
         return lhs == rhs
     if fact.kind == "ge":

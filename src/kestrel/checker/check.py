@@ -24,7 +24,7 @@ from ..types.dtypes import DType, DTypeVar
 from ..types.tensor import TensorType, TupleType, Type, Variadic
 from ..types.unify import Binding, match
 from .graph import Graph
-from .language import code_info, static_refusals
+from .language import Watch, code_info, static_refusals
 from .symbolic import Context, ShapeError, SymDim, SymTensor, checking, current, dim_of, record
 
 
@@ -437,8 +437,15 @@ def _run(decl: BlockDecl, fn: FnDecl, ctx: Context, diag: Any, absent: frozenset
             graph.values[v.vid].name = name
             graph.add_node("input", name, [], [v.vid], fn.file, fn.line)
             args.append(v)
+        watch = Watch({g.name for g in decl.generics if g.is_dtype}, fn.fn.__code__)
         try:
-            out = fn.fn(SelfProxy(decl), *args)
+            with watch:
+                out = fn.fn(SelfProxy(decl), *args)
+            if watch.found:
+                r = watch.found[0]
+                refusal = ShapeError(f"{r.construct} is outside the language the checker models")
+                refusal.file, refusal.line = r.file, r.line
+                raise refusal
         except ShapeError as e:
             diag(e.message, e.file, e.line, e.hint)
             return False, []

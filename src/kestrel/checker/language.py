@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
+import sys
+import sysconfig
 import textwrap
 from dataclasses import dataclass, field
 from types import CodeType
@@ -106,6 +109,48 @@ def static_refusals(fn: Any, dtype_generics: set[str]) -> list[Refusal]:
                                        "block is bound, so the checker would see one branch): write one path for "
                                        "every dtype, or a cast", file, node.lineno))
     return sorted(set(out), key=lambda r: r.line)
+
+
+_PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LIBS = {os.path.abspath(sysconfig.get_paths()[k]) for k in ("stdlib", "purelib", "platlib")}
+_NOT_USER = tuple(_LIBS | {os.path.join(_PKG, d) for d in ("checker", "shapes", "types", "blocks",
+                                                            os.path.join("std", "ops"))})
+
+
+class Watch:
+    """While a function is checked, the static refusals of every other Python function it runs.
+
+    Untyped helpers (the block's own methods, module functions) run under the checker too; a profile
+    hook sees each code object once and parses its source. Comprehensions and lambdas are parsed with
+    the function that holds them.
+    """
+
+    def __init__(self, dtype_generics: set[str], checked: CodeType) -> None:
+        self.dtype_generics = dtype_generics
+        self.seen: set[CodeType] = {checked}
+        self.found: list[Refusal] = []
+
+    def __enter__(self) -> Watch:
+        self.previous = sys.getprofile()
+        sys.setprofile(self._hook)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.setprofile(self.previous)
+
+    def _hook(self, frame: Any, event: str, arg: Any) -> None:
+        if event != "call":
+            return
+        code = frame.f_code
+        if code in self.seen:
+            return
+        self.seen.add(code)
+        name = code.co_filename
+        if name.startswith("<") or code.co_name.startswith("<"):
+            return
+        if os.path.abspath(name).startswith(_NOT_USER):
+            return
+        self.found += static_refusals(code, self.dtype_generics)
 
 
 def _self_attr(node: ast.AST) -> str | None:
