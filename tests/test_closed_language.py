@@ -574,3 +574,20 @@ class HelperTry(Block, module="t.lang"):
 
 def test_helpers_are_held_to_the_same_language():
     refused(HelperTry, "helper_try", "try statement")
+
+
+class ZipShort(Block, module="t.lang"):
+    D: Dim
+    N: Dim
+    T: Float = f32
+
+    layers: Array[Linear["D, D, T"], "N"]
+
+    def forward(self, x: "Tensor[B, S, D; T]") -> "Tensor[B, S, D; T]":
+        for _, layer in zip((0,), self.layers):  # planted: zip_short
+            x = layer(x)[:, 1:]
+        return x
+
+
+def test_a_loop_that_stops_before_its_check_is_refused():
+    refused(ZipShort, "zip_short", "stopped before its first iteration was checked")

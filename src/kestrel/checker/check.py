@@ -174,8 +174,14 @@ class ArrayProxy:
         sizes = {k: len(v) for k, v in before.items() if isinstance(v, list | dict)}
         cells = {k: (list(v.items()) if isinstance(v, dict) else list(v)) for k, v in before.items()
                  if isinstance(v, list | dict)}
+        pending = getattr(current(), "open_loops", None)
+        token = (self.sub.name, frame.f_code.co_filename, frame.f_lineno)
+        if pending is not None:
+            pending.append(token)
         yield SubProxy(self.sub, f"{self.sub.name}[i]")
         # only reached when the for statement asks for a second layer: the body ran through once
+        if pending is not None:
+            pending.remove(token)
         after = dict(frame.f_locals)
         targets = set(loop.targets) if loop is not None else set()
         if loop is not None:
@@ -422,6 +428,7 @@ def _run(decl: BlockDecl, fn: FnDecl, ctx: Context, diag: Any, absent: frozenset
     """Run ``fn`` once under the checker; False when it reported a diagnostic. Also the optional params it read."""
     ctx.absent = absent  # type: ignore[attr-defined]
     ctx.optional_read = []  # type: ignore[attr-defined]
+    ctx.open_loops = []  # type: ignore[attr-defined]
     graph = ctx.graph
     reported: list[str] = []
 
@@ -446,6 +453,13 @@ def _run(decl: BlockDecl, fn: FnDecl, ctx: Context, diag: Any, absent: frozenset
                 refusal = ShapeError(f"{r.construct} is outside the language the checker models")
                 refusal.file, refusal.line = r.file, r.line
                 raise refusal
+            if ctx.open_loops:  # type: ignore[attr-defined]
+                name, file, line = ctx.open_loops[0]  # type: ignore[attr-defined]
+                stop = ShapeError(f"the loop over {name} stopped before its first iteration was checked (zip with "
+                                  "a shorter sequence first, or a break): iterate the sub array alone, or put it "
+                                  "first in zip")
+                stop.file, stop.line = file, line
+                raise stop
         except ShapeError as e:
             diag(e.message, e.file, e.line, e.hint)
             return False, []
