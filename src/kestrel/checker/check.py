@@ -171,9 +171,8 @@ class ArrayProxy:
         frame = sys._getframe(1)  # the frame running the ``for`` (through enumerate/zip too)
         loop = _loop_of(self.sub, frame)
         before = dict(frame.f_locals)
-        sizes = {k: len(v) for k, v in before.items() if isinstance(v, list | dict)}
-        cells = {k: (list(v.items()) if isinstance(v, dict) else list(v)) for k, v in before.items()
-                 if isinstance(v, list | dict)}
+        sizes = {k: len(v) for k, v in before.items() if isinstance(v, list | dict | set)}
+        cells = {k: _items(v) for k, v in before.items() if isinstance(v, list | dict)}
         pending = getattr(current(), "open_loops", None)
         token = (self.sub.name, frame.f_code.co_filename, frame.f_lineno)
         if pending is not None:
@@ -205,6 +204,11 @@ class ArrayProxy:
             raise ShapeError(f"{self.sub.name}[{i}] may be out of range for "
                              f"{format_poly(self.sub.count, current().order)} layers")
         return SubProxy(self.sub, f"{self.sub.name}[{i}]")
+
+
+def _items(v: list | dict) -> list:
+    """A list's items, or a dict's keys then values: compared by identity before and after an iteration."""
+    return [*v.keys(), *v.values()] if isinstance(v, dict) else list(v)
 
 
 def _loop_of(sub: SubDecl, frame: Any) -> Any:
@@ -252,11 +256,11 @@ def _check_fixed_point(sub: SubDecl, before: dict[str, Any], sizes: dict[str, in
                     + "; ".join(map(str, problems)), hint=_equality_hint(problems))
     for name, n in sizes.items():
         v = after.get(name)
-        if isinstance(v, list | dict) and v is before[name] and len(v) != n:
+        if isinstance(v, list | dict | set) and v is before[name] and len(v) != n:
             raise ShapeError(f"{what} grows {name} by {len(v) - n} per iteration: its length would be symbolic; "
                              "stack the layers' outputs with a typed sub instead")
         if isinstance(v, list | dict) and v is before[name]:
-            now = list(v.items()) if isinstance(v, dict) else list(v)
+            now = _items(v)
             old_items = (cells or {}).get(name, now)
             if any(x is not y for x, y in zip(old_items, now)):
                 raise ShapeError(f"{what} changes an item of {name} in each iteration: a Python list or dict may "
