@@ -591,3 +591,20 @@ class ZipShort(Block, module="t.lang"):
 
 def test_a_loop_that_stops_before_its_check_is_refused():
     refused(ZipShort, "zip_short", "stopped before its first iteration was checked")
+
+
+class UndecidedBranch(Block, module="t.lang"):
+    K: Dim
+    T: Float = f32
+
+    def forward(self, x: "Tensor[B, D; T]") -> "Tensor[B, D; T]":
+        if self.K > 2:  # planted: undecided
+            return ops.relu(x)
+        return x
+
+
+def test_an_undecided_branch_names_a_binding_where_it_is_false():
+    d = refused(UndecidedBranch, "undecided", "cannot be decided", "false at K = ")
+    k = int(d.message.split("false at K = ")[1].rstrip(")"))
+    assert not k > 2
+    assert d.hint == "K > 2"

@@ -183,8 +183,14 @@ class SymDim:
         if no():
             return False
         cond = f"{fmt(a)} {op} {fmt(b)}"
+        negation = {"==": ("eq", a, b), ">=": ("ge", a, b), ">": ("ge", a, b + 1), "<=": ("ge", b, a),
+                    "<": ("ge", b, a + 1)}.get(op)
+        found = facts.counterexample(*negation) if negation is not None else None
+        names = sorted({s.name for p in (a, b) for s in p.symbols()})
+        false_at = (f" (it is false at {', '.join(f'{n} = {found[n]}' for n in names)})"
+                    if found and names and all(n in found for n in names) else "")
         raise ShapeError(f"branch on the symbolic condition `{cond}`, which cannot be decided for every "
-                         f"binding of the generics", hint=cond)
+                         f"binding of the generics{false_at}", hint=cond)
 
     def __eq__(self, o: object) -> bool:  # type: ignore[override]
         return self._decide("==", o)
