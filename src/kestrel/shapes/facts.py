@@ -145,7 +145,7 @@ class Facts:
         found = self.counterexample(kind, lhs, rhs)
         if not found:
             return ""
-        names = sorted({s.name for p in (lhs, rhs) for s in _all_symbols(p)})
+        names = list(dict.fromkeys(s.name for p in (lhs, rhs) for s in _all_symbols(p)))  # as written
         if any(n not in found for n in names):
             return ""
         binding = ", ".join(f"{n} = {found[n]}" for n in names)
