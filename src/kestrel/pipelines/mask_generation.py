@@ -140,13 +140,22 @@ def generate_masks(segmenter: Any, image: Any, points_per_side: int = 32, points
     from tqdm import tqdm
 
     from .images import load_image, to_rgb
+    from .input_rules import InputRuleError
 
     if points_per_side < 1 or points_per_batch < 1:
-        raise ValueError(f"points_per_side and points_per_batch must be positive, got {points_per_side}, "
-                         f"{points_per_batch}")
+        raise InputRuleError(f"points_per_side and points_per_batch must be positive, got {points_per_side}, "
+                             f"{points_per_batch}")
+    if crops_n_layers < 0:
+        raise InputRuleError(f"crops_n_layers must be 0 or more, got {crops_n_layers}")
     photo = to_rgb(image if isinstance(image, Image.Image) else load_image(image))
     size = (photo.height, photo.width)
     crops, layers = crop_boxes(size, crops_n_layers, crop_overlap_ratio)
+    empty = next((layer for box, layer in zip(crops, layers) if box[2] <= box[0] or box[3] <= box[1]), None)
+    if empty is not None:
+        side = 2 ** empty
+        raise InputRuleError(f"--crops-n-layers {crops_n_layers}: the image is {photo.width} x {photo.height} "
+                             f"pixels, too small to cut into {side} x {side} crops (layer {empty} would have "
+                             f"empty crops); use a lower --crops-n-layers")
     grids = [point_grid(int(points_per_side / crop_n_points_downscale_factor ** i)) for i in range(crops_n_layers + 1)]
     longest = segmenter.processor.longest_edge
 
