@@ -81,6 +81,7 @@ __all__ = [
 ]
 
 Bad = ArgumentTypeError = argparse.ArgumentTypeError
+PATH_LIMIT = 4096  # a path is shown whole; other values are cut at 80 characters
 
 
 def shown(text: object, limit: int = 80) -> str:
@@ -484,7 +485,7 @@ class ExistingPath(Kind):
         if reason is None and self.need == "dir" and not os.path.isdir(text):
             reason = "a file, not a folder"
         if reason is not None:
-            raise Bad(f"{shown(text)}: {reason}" + (f"; {self.hint}" if self.hint else ""))
+            raise Bad(f"{shown(text, PATH_LIMIT)}: {reason}" + (f"; {self.hint}" if self.hint else ""))
         self.check_content(text)
         return text
 
@@ -507,6 +508,26 @@ def ExistingDir(expect: str = "an existing folder", metavar: str = "DIR", hint: 
 
 
 @dataclass(frozen=True)
+class ImagePath(Kind):
+    """An image file or a folder of them, checked by the command as a whole list, before any model loads:
+    a missing path, a special file (FIFO, device) or, when none can be read, unreadable images are refused
+    naming the path (``kestrel.cli.tasks._images``); in a longer list an unreadable image is skipped and
+    reported (``--strict`` refuses it). Parsing only refuses an empty path."""
+
+    expect: str = "an image file or a folder of images"
+    metavar: str | None = "IMAGE"
+
+    def parse(self, text: str) -> str:
+        if not text.strip():
+            raise Bad(f"expected {self.expect}, got {shown(text)}")
+        return text
+
+    @property
+    def bad(self) -> tuple[str, ...]:
+        return ("empty", "missing", "fifo", "dangling", "non_utf8", "corrupt_image", "empty_folder")
+
+
+@dataclass(frozen=True)
 class ImageFile(ExistingPath):
     """An image file whose header decodes and whose pixel count is within the limit."""
 
@@ -520,7 +541,7 @@ class ImageFile(ExistingPath):
         try:
             check_image_header(text)
         except ImageError as e:
-            raise Bad(f"{shown(text)}: {e.reason}") from None
+            raise Bad(f"{shown(text, PATH_LIMIT)}: {e.reason}") from None
 
     @property
     def bad(self) -> tuple[str, ...]:
@@ -559,7 +580,7 @@ class NewFile(Kind):
     def parse(self, text: str) -> str:
         reason = _write_reason(text, folder=False)
         if reason:
-            raise Bad(f"{shown(text)}: {reason}")
+            raise Bad(f"{shown(text, PATH_LIMIT)}: {reason}")
         return text
 
     @property
@@ -577,7 +598,7 @@ class OutDir(Kind):
     def parse(self, text: str) -> str:
         reason = _write_reason(text, folder=True)
         if reason:
-            raise Bad(f"{shown(text)}: {reason}")
+            raise Bad(f"{shown(text, PATH_LIMIT)}: {reason}")
         return text
 
     @property
@@ -596,7 +617,7 @@ class NewFileOrDir(Kind):
         folder = os.path.isdir(text) or not text.endswith(".safetensors")
         reason = _write_reason(text, folder=folder and os.path.isdir(text))
         if reason:
-            raise Bad(f"{shown(text)}: {reason}")
+            raise Bad(f"{shown(text, PATH_LIMIT)}: {reason}")
         return text
 
     @property
@@ -653,7 +674,7 @@ class ModelRef(Kind):
         elif reason is None and os.path.isfile(text):
             reason = "a file; give the checkpoint folder (with config.json and *.safetensors)"
         if reason:
-            raise Bad(f"{shown(text)}: {reason}")
+            raise Bad(f"{shown(text, PATH_LIMIT)}: {reason}")
         return text
 
     @property

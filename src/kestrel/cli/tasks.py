@@ -16,7 +16,7 @@ from .options import (
     Command,
     Device,
     ExistingDir,
-    ExistingPath,
+    ImagePath,
     ModelRef,
     NewFileOrDir,
     Option,
@@ -321,7 +321,7 @@ def speed_options() -> list[Option]:
 
 STRICT = Option("--strict", help="stop at the first unreadable image (default: skip it, say so, and go on)")
 QUIET = Option("--quiet", help="no progress bar")
-IMAGES = Option("images", ExistingPath("an image file or folder", "IMAGE"), nargs="+",
+IMAGES = Option("images", ImagePath(), nargs="+",
                 help="image files or folders")
 
 register(Command(
@@ -345,7 +345,8 @@ register(Command(
            "  kestrel embed photos/ --model dinov2-base --out feats/ --engine ray --workers 2\n"
            "  kestrel embed index.parquet --model dinov2-base --out feats/ --engine ray --address auto",
     options=[
-        Option("inputs", ExistingPath("an image file, folder, list file or table", "SOURCE"), nargs="*",
+        Option("inputs", ImagePath(expect="an image file or folder; in dataset mode a list file or table too",
+                                   metavar="SOURCE"), nargs="*",
                help="image files or folders; in dataset mode also list files and .parquet/.csv tables"),
         Option("--text", Text(what="text"), nargs="+", help="embed these texts instead (SigLIP)"),
         Option("--template", Template(), help="format each text with this template, e.g. 'a photo of {}.'"),
@@ -365,7 +366,7 @@ register(Command(
            '  kestrel zero-shot cat.jpg dog.png --labels "a cat" "a dog" --template "a photo of {}."\n'
            '  kestrel zero-shot photos/ --labels cat dog --out scores/ --engine ray',
     options=[
-        Option("images", Text(what="path", metavar="IMAGE"), nargs="+",
+        Option("images", ImagePath(), nargs="+",
                help="image files or folders (dataset mode: also list files and .parquet/.csv tables)"),
         Option("--labels", Text(what="label", metavar="LABEL"), nargs="+", help="the candidate labels (required)"),
         Option("--template", Template(), help="format each label with this template (must contain {})"),
@@ -378,7 +379,7 @@ register(Command(
     description="Logits (scaled cosine similarity plus bias) of every image against every text.",
     epilog='example: kestrel similarity --images a.jpg b.jpg --texts "a cat" "a dog"',
     options=[
-        Option("--images", ExistingPath("an image file or folder", "IMAGE"), nargs="+", required=True,
+        Option("--images", ImagePath(), nargs="+", required=True,
                help="image files or folders"),
         Option("--texts", Text(what="text"), nargs="+", required=True, help="texts"),
         Option("--template", Template(), help="format each text with this template (must contain {})"),

@@ -46,6 +46,10 @@ class ReadError(KestrelError, ValueError):
         super().__init__(f"{self.path}: {reason}")
 
 
+def _a(what: str) -> str:
+    return ("an " if what[:1].lower() in "aeio." else "a ") + what
+
+
 def check_file(path: PathLike, what: str = "file") -> Path:
     """``path`` as a ``Path`` if it is a regular file (links followed); else :class:`ReadError`, before opening."""
     p = Path(os.fspath(path))
@@ -53,17 +57,17 @@ def check_file(path: PathLike, what: str = "file") -> Path:
         st = os.stat(p)
     except FileNotFoundError:
         if os.path.islink(p):
-            raise ReadError(p, f"a dangling symbolic link (to {_shown(os.readlink(p))}), not a {what}") from None
+            raise ReadError(p, f"a dangling symbolic link (to {_shown(os.readlink(p))}), not {_a(what)}") from None
         raise ReadError(p, f"no such {what}") from None
     except OSError as e:
         raise ReadError(p, e.strerror or str(e)) from None
     mode = st.st_mode
     if stat.S_ISDIR(mode):
-        raise ReadError(p, f"a folder, not a {what}")
+        raise ReadError(p, f"a folder, not {_a(what)}")
     if stat.S_ISFIFO(mode):
-        raise ReadError(p, f"a named pipe (FIFO), not a {what}")
+        raise ReadError(p, f"a named pipe (FIFO), not {_a(what)}")
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):
-        raise ReadError(p, f"a device or socket, not a {what}")
+        raise ReadError(p, f"a device or socket, not {_a(what)}")
     if not stat.S_ISREG(mode):
         raise ReadError(p, f"not a regular {what}")
     return p
@@ -139,7 +143,7 @@ def read_csv_column(path: PathLike, column: str) -> list[str | None]:
             reader = csv.DictReader(f)
             names = [n.strip() if n else n for n in (reader.fieldnames or [])]
             if column not in names:
-                raise ReadError(p, f"no column {column!r} (columns: {', '.join(map(repr, names)) or 'none'}); "
+                raise ReadError(p, f"no column {column!r} (columns: {', '.join(names) or 'none'}); "
                                    "name the column of image paths with --path-column")
             original = (reader.fieldnames or [])[names.index(column)]
             return [row.get(original) for row in reader]
@@ -159,7 +163,7 @@ def read_parquet_column(path: PathLike, column: str) -> list[Any]:
     except Exception as e:  # pyarrow raises ArrowInvalid, OSError... on a corrupt file
         raise ReadError(p, f"not a readable Parquet file: {str(e).splitlines()[0] if str(e) else e}") from None
     if column not in schema.names:
-        raise ReadError(p, f"no column {column!r} (columns: {', '.join(map(repr, schema.names)) or 'none'}); "
+        raise ReadError(p, f"no column {column!r} (columns: {', '.join(schema.names) or 'none'}); "
                            "name the column of image paths with --path-column")
     try:
         return pq.read_table(p, columns=[column]).column(column).to_pylist()
