@@ -85,14 +85,17 @@ PATH_LIMIT = 4096  # a path is shown whole; other values are cut at 80 character
 
 
 def shown(text: object, limit: int = 80) -> str:
-    """``repr`` of a user's value, printable whatever it holds (a non-UTF-8 file name shows as ``\\xe9``)."""
+    """A user's value in quotes, printable whatever it holds: a non-UTF-8 file name shows as ``caf\\xe9.png``,
+    control characters escaped; cut to ``limit`` characters (a label pasted where a path goes)."""
     raw = os.fspath(text) if isinstance(text, os.PathLike) else str(text)
     try:
         safe = os.fsencode(raw).decode("utf-8", "backslashreplace")
-    except (UnicodeError, TypeError):
+    except (UnicodeError, TypeError, ValueError):
         safe = raw.encode("utf-8", "backslashreplace").decode("utf-8")
-    out = repr(safe)
-    return out if len(out) <= limit else out[: limit - 5] + "...'" + f" ({len(safe)} characters)"
+    safe = "".join(c if c.isprintable() else repr(c)[1:-1] for c in safe)
+    if len(safe) > limit:
+        return f"'{safe[: limit - 5]}...' ({len(safe)} characters)"
+    return f"'{safe}'"
 
 
 # ------------------------------------------------------------------------------------------- kinds
@@ -456,6 +459,8 @@ def _exists_reason(text: str) -> str | None:
     """Why ``text`` does not name an existing thing, or None."""
     if not text:
         return "an empty path"
+    if "\x00" in text:
+        return "a path with a NUL character"
     try:
         os.lstat(text)
     except FileNotFoundError:
@@ -628,6 +633,8 @@ class NewFileOrDir(Kind):
 def _write_reason(text: str, folder: bool) -> str | None:
     if not text.strip():
         return "an empty path"
+    if "\x00" in text:
+        return "a path with a NUL character"
     path = Path(text).expanduser()
     try:
         st = os.lstat(path)
@@ -666,7 +673,7 @@ class ModelRef(Kind):
     metavar: str | None = "NAME|DIR"
 
     def parse(self, text: str) -> str:
-        if not text.strip():
+        if not text.strip() or "\x00" in text:
             raise Bad(f"expected {self.expect}, got {shown(text)}")
         reason = special_file_reason(text) if os.path.lexists(text) else None
         if os.path.islink(text) and not os.path.exists(text):
