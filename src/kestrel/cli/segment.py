@@ -110,6 +110,10 @@ def cmd_segment(args: argparse.Namespace) -> int:
         prompt.check(f"prompt {i} ({_describe(prompt)})")
     photo = load_image(args.image)
     check_prompts_inside(prompts, photo.width, photo.height)  # refused, not clipped (README: prompts)
+    if args.everything:
+        from ..pipelines.mask_generation import check_crops
+
+        check_crops(photo.width, photo.height, args.crops_n_layers)
     mask_array = read_mask(args.mask_input) if args.mask_input else None
     if args.size is not None:
         check_size(args.model, args.weights, args.size)
