@@ -295,7 +295,7 @@ def test_random_command_lines(capsys, files, no_work, tmp_path):
         if code == 0 and not wrong:
             continue
         first = (err.splitlines() or [""])[0]
-        if code == 3 or "Traceback" in err or isinstance(code, str) or code not in (2,) or \
+        if code == 3 or "Traceback" in err or isinstance(code, str) or code != 2 or \
                 not first.startswith(f"kestrel {command.name}: error: "):
             failures.append(f"kestrel {command.name} {' '.join(map(printable, line))}: exit {code}: {first}")
         for p in out.iterdir():

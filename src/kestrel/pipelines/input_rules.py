@@ -11,23 +11,24 @@ the user did not make, and a click off the photo is almost always a mix-up of im
 
 **Sizes a model cannot take are refused**, never rounded: a ViT/DINOv2 size must be a whole number of
 patches; a SAM 2 size a multiple of 32; a model bound at its checkpoint's size takes no other size; an
-export is bound at the size it was exported at.
+export is bound at the size it was exported at. The rule lives in :mod:`kestrel.runtime.sizes` (so that
+``kestrel.load(..., Height=50)`` applies it too) and is re-exported here.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..errors import KestrelError
+from ..runtime.sizes import SAM2_SIZE_MULTIPLE, override_problem, size_problem
 
 PROMPT_POLICY = "refuse"  # "refuse": a prompt outside the image is an error (see the module docstring)
 POSITIONLESS_LABELS = frozenset({-1, -10})
-SAM2_SIZE_MULTIPLE = 32
 
-__all__ = ["PROMPT_POLICY", "InputRuleError", "as_json", "check_export_size", "check_prompts_inside",
-           "prompt_outside", "size_problem"]
+__all__ = ["PROMPT_POLICY", "SAM2_SIZE_MULTIPLE", "InputRuleError", "as_json", "check_export_size",
+           "check_prompts_inside", "override_problem", "prompt_outside", "size_problem"]
 
 
 class InputRuleError(KestrelError, ValueError):
@@ -58,34 +59,6 @@ def check_prompts_inside(prompts: Iterable[Any], width: int, height: int, name: 
         reason = prompt_outside(prompt.points, prompt.labels, prompt.box, width, height)
         if reason is not None:
             raise InputRuleError(f"{name} {k}: {reason}; prompts are in pixels of the photo and must lie inside it")
-
-
-def size_problem(family: str, resizable: Iterable[str], generics: Mapping[str, Any], size: int,
-                 model: str = "the model") -> str | None:
-    """Why ``model`` (of ``family``) cannot run at ``size x size`` pixels, or None when it can.
-
-    ``resizable`` is the family's rebindable generics (``Height``/``Width`` for ViT-like models, ``E`` for
-    SAM 2); ``generics`` the checkpoint's (``Patch`` gives the patch size).
-    """
-    names = set(resizable)
-    if size < 1:
-        return f"--size {size}: a size is a positive number of pixels"
-    if {"Height", "Width"} <= names:
-        patch = generics.get("Patch")
-        if isinstance(patch, int) and patch > 0 and size % patch:
-            lower, upper = max(patch, size // patch * patch), (size // patch + 1) * patch
-            return (f"--size {size}: {model} cuts images into {patch} x {patch} patches, so the size must be a "
-                    f"multiple of {patch} (e.g. {lower} or {upper})")
-        return None
-    if "E" in names:
-        if size % SAM2_SIZE_MULTIPLE:
-            m = SAM2_SIZE_MULTIPLE
-            lower, upper = max(m, size // m * m), (size // m + 1) * m
-            return (f"--size {size}: {model} ({family}) runs at a multiple of {m} px (1024 upstream, 512 the "
-                    f"edge recipe; e.g. {lower} or {upper})")
-        return None
-    return (f"--size {size}: {model} is a {family} model, which runs at its checkpoint's image size; "
-            "it cannot be rebound to another size")
 
 
 def check_export_size(export_size: int, size: int | None, where: str = "the export") -> int:
