@@ -60,18 +60,19 @@ def dino(tmp_path_factory) -> Path:
 
 # ------------------------------------------------------------------------------ internal errors (exit 3)
 
-@pytest.mark.parametrize("name, write", [
-    ("empty.npy", lambda p: p.write_bytes(b"")),
-    ("truncated.npy", lambda p: p.write_bytes(_npy_bytes()[:60])),
-    ("text.npy", lambda p: p.write_text("1 2 3\n")),
-    ("object.npy", lambda p: np.save(p, np.array([{"a": 1}], dtype=object), allow_pickle=True)),
+@pytest.mark.parametrize("name, write, reason", [
+    ("empty.npy", lambda p: p.write_bytes(b""), "not a NumPy .npy array: an empty file"),
+    ("truncated.npy", lambda p: p.write_bytes(_npy_bytes()[:200]), "not a NumPy .npy array: "),
+    ("text.npy", lambda p: p.write_text("1 2 3\n"), "not a NumPy .npy array: no .npy header"),
+    ("object.npy", lambda p: np.save(p, np.array([{"a": 1}], dtype=object), allow_pickle=True),
+     "not a NumPy .npy array: it holds Python objects"),
 ])
-def test_mask_input_npy_that_is_not_an_array(capsys, no_load, photo, tmp_path, name, write):
+def test_mask_input_npy_that_is_not_an_array(capsys, no_load, photo, tmp_path, name, write, reason):
     bad = tmp_path / name
     write(bad)
     code, first = run(capsys, "segment", str(photo), "--point", "5,5", "--mask-input", str(bad),
                       "--out", str(tmp_path / "out"))
-    assert code == 2 and first.startswith(f"kestrel segment: error: argument --mask-input: {bad}: "), first
+    assert code == 2 and first.startswith(f"kestrel segment: error: argument --mask-input: {bad}: {reason}"), first
     assert not (tmp_path / "out").exists()
 
 
@@ -360,3 +361,11 @@ def test_a_truncated_safetensors_names_the_file(tmp_path):
     (tmp_path / "cut.safetensors").write_bytes(data[:-10])
     with pytest.raises(ReadError, match=r"cut.safetensors: truncated"):
         check_safetensors(tmp_path / "cut.safetensors")
+
+
+def test_the_page_server_refuses_a_vit_export(tmp_path):
+    from kestrel.web.server import App, ServeError
+
+    _vit_onnx_export(tmp_path / "vit-export")
+    with pytest.raises(ServeError, match=r"not a SAM 2\.1 edge export"):
+        App(export_dir=tmp_path / "vit-export", vendor_dir=tmp_path)

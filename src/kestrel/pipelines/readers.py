@@ -98,6 +98,11 @@ def read_json_object(path: PathLike, what: str = "JSON file") -> dict[str, Any]:
 def read_npy(path: PathLike) -> np.ndarray:
     """A ``.npy`` array, never unpickled; numeric (bool, integer or float) arrays only."""
     p = check_file(path, ".npy file")
+    with open(p, "rb") as f:
+        magic = f.read(6)
+    if magic != b"\x93NUMPY":
+        what = "an empty file" if not magic else "no .npy header (a text file, or another format)"
+        raise ReadError(p, f"not a NumPy .npy array: {what}")
     try:
         with open(p, "rb") as f:
             array = np.load(f, allow_pickle=False)
