@@ -369,3 +369,25 @@ def test_the_page_server_refuses_a_vit_export(tmp_path):
     _vit_onnx_export(tmp_path / "vit-export")
     with pytest.raises(ServeError, match=r"not a SAM 2\.1 edge export"):
         App(export_dir=tmp_path / "vit-export", vendor_dir=tmp_path)
+
+
+@pytest.mark.parametrize("name, data, reason", [
+    ("t.parquet", b"PAR1 not really", "not a readable Parquet file"),
+    ("t.csv", "path\ncaf\xe9.png\n".encode("latin-1"), "not UTF-8 text"),
+    ("list.txt", b"\xff\xfe\x00garbage", "neither an image nor a UTF-8 text list"),
+])
+def test_corrupt_tables_name_the_file(tmp_path, name, data, reason):
+    from kestrel.pipelines.datasets import SourceError, read_source
+
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(SourceError) as info:
+        read_source(tmp_path / name)
+    assert str(tmp_path / name) in str(info.value) and reason in str(info.value)
+
+
+def test_a_fifo_as_a_dataset_source_is_refused(tmp_path):
+    from kestrel.pipelines.datasets import SourceError, read_source
+
+    os.mkfifo(tmp_path / "list.txt")
+    with pytest.raises(SourceError, match="FIFO"):
+        read_source(tmp_path / "list.txt")
