@@ -304,3 +304,20 @@ def test_random_command_lines(capsys, files, no_work, tmp_path):
                 p.unlink()
     print(f"\nCLI fuzzer: {runs} invocations, {len(failures)} failures")
     assert not failures, f"{len(failures)} of {runs} invocations:\n" + "\n".join(failures[:40])
+
+
+def test_help_and_the_site_read_the_same_declarations(capsys):
+    """Every declared option appears in its command's --help; the site's description lists the same."""
+    from kestrel.cli.commands import command_names
+    from kestrel.cli.options import describe
+    from kestrel.site.build import served_tasks  # noqa: F401 (reads command_names, not argparse internals)
+
+    described = {c["name"]: c for c in describe()}
+    assert set(described) == command_names()
+    for command in all_commands():
+        with pytest.raises(SystemExit):
+            main([command.name, "--help"])
+        text = capsys.readouterr().out
+        for option in command.options:
+            assert option.label in text, (command.name, option.name)
+        assert [o["name"] for o in described[command.name]["options"]] == [o.name for o in command.options]
