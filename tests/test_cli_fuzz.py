@@ -117,7 +117,7 @@ def good_value(option: Option, f: Files, out: Path) -> str:
     if name == "NewFileOrDir":
         return str(out / "features.safetensors")
     if name == "Text":
-        return "a"
+        return "vit-base-patch16-224" if option.name == "model" else "a"
     if name == "Choice":
         return option.kind.choices[0]  # type: ignore[union-attr]
     if isinstance(option.kind, Int):
@@ -135,7 +135,8 @@ def base_line(command: Command, f: Files, out: Path, skip: set[str]) -> list[str
     for option in command.options:
         if option.name in skip:
             continue
-        needed = option.required or (option.positional and option.nargs not in ("?", "*"))
+        needed = option.required or (option.positional and (option.nargs not in ("?", "*")
+                                                             or type(option.kind).__name__ == "ImagePath"))
         if needed:
             value = good_value(option, f, out)
             line += [value] if option.positional else [option.flags[0], value]
@@ -171,6 +172,8 @@ CASES = list(cases())
 @pytest.fixture
 def no_work(monkeypatch, tmp_path):
     """Patch every path to real work so that reaching it raises :class:`Reached`."""
+    import kestrel
+    import kestrel.inspect.diagram as diagram
     import kestrel.runtime.load as load_module
     import kestrel.scale as scale
     import kestrel.site.build as site_build
@@ -180,6 +183,8 @@ def no_work(monkeypatch, tmp_path):
         raise Reached(f"accepted: reached the work with {args!r:.200}")
 
     monkeypatch.setattr(load_module, "load", reached)
+    monkeypatch.setattr(kestrel, "load", reached)
+    monkeypatch.setattr(diagram, "write_diagram", reached)
     monkeypatch.setattr(scale, "run_job", reached)
     monkeypatch.setattr(site_build, "build_site", reached)
     monkeypatch.setattr(doctor, "gemm_rates", reached)
@@ -321,3 +326,18 @@ def test_help_and_the_site_read_the_same_declarations(capsys):
         for option in command.options:
             assert option.label in text, (command.name, option.name)
         assert [o["name"] for o in described[command.name]["options"]] == [o.name for o in command.options]
+
+
+def test_the_valid_lines_are_accepted(capsys, files, no_work, tmp_path):
+    """The control: each command's base line (no wrong value) passes every check and reaches the work."""
+    out = tmp_path / "outputs"
+    out.mkdir()
+    not_reached = []
+    for command in all_commands():
+        if command.name in ("check", "inspect"):
+            continue  # their base line (no argument) is the whole registry's check: real work, not patched
+        line = base_line(command, files, out, skip=set())
+        code, err = run_line(capsys, command.name, line)
+        if not (isinstance(code, str) and code.startswith("reached")):
+            not_reached.append(f"kestrel {command.name} {' '.join(line)}: {code}: {err.splitlines()[:1]}")
+    assert not not_reached, "\n".join(not_reached)

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     if command is not None:
         for option in command.options:  # argparse lets `--flag=--` through as an unparsed []
             dest = option.dest or (option.name if option.positional else option.flags[-1].lstrip("-")).replace("-", "_")
-            if option.nargs is None and option.action is None and isinstance(getattr(args, dest, None), list):
+            if option.nargs is None and option.action is None and getattr(args, dest, None) == []:
                 sub.error(f"argument {option.label}: expected {option.kind.expect if option.kind else 'no value'}, "
                           "got '--'")
     if not getattr(args, "run", None):
