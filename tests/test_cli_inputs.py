@@ -391,3 +391,13 @@ def test_a_fifo_as_a_dataset_source_is_refused(tmp_path):
     os.mkfifo(tmp_path / "list.txt")
     with pytest.raises(SourceError, match="FIFO"):
         read_source(tmp_path / "list.txt")
+
+
+def test_python_load_applies_the_same_size_rule(dino):
+    import kestrel
+    from kestrel.models.cards import CardError
+
+    with pytest.raises(CardError, match=r"Height=50: dinov2 cuts images into 14 x 14 patches, so Height must be a "
+                                        r"multiple of 14 \(e.g. 42 or 56\)"):
+        kestrel.load(dino, Height=50, Width=56)
+    assert kestrel.load(dino, Height=42, Width=56).generics["Height"] == 42

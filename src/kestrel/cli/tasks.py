@@ -246,9 +246,6 @@ def cmd_zero_shot(args: argparse.Namespace) -> int:
         missing = [i for i in args.images if not os.path.exists(i)]
         hint = f" ({shown(missing[0])} is not a file: is it a label?)" if missing else ""
         raise UsageError(f"missing --labels{hint}; {OLD_ZERO_SHOT}")
-    empty = [k for k, label in enumerate(args.labels) if not label.strip()]
-    if empty:
-        raise UsageError(f"--labels: label {empty[0] + 1} is empty")
     from .datasets import is_dataset_out, run_dataset
 
     if is_dataset_out(args.out):
