@@ -92,7 +92,7 @@ def bad_value(kind: Kind, cls: str, f: Files) -> str:
         "missing": f.missing, "folder": f.folder, "file": f.regular, "fifo": f.fifo, "dangling": f.dangling,
         "non_utf8": f.non_utf8, "corrupt_image": f.corrupt_image, "corrupt_npy": f.corrupt_npy,
         "text_npy": f.text_npy, "object_npy": f.object_npy, "empty_npy": f.empty_npy, "under_file": f.under_file,
-        "empty_folder": f.folder,
+        "empty_folder": f.folder, "nul": "x\x00y",
     }
     if isinstance(kind, Int) and cls == "negative" and kind.low < 0:
         return str(kind.low - 1)

@@ -347,11 +347,13 @@ class Text(Kind):
     def parse(self, text: str) -> str:
         if not text.strip():
             raise Bad(f"expected {self.expect}, got {shown(text)}")
+        if "\x00" in text:
+            raise Bad(f"expected {self.expect}, got {shown(text)} (a NUL character)")
         return text
 
     @property
     def bad(self) -> tuple[str, ...]:
-        return ("empty", "spaces")
+        return ("empty", "spaces", "nul")
 
 
 @dataclass(frozen=True)
@@ -362,6 +364,8 @@ class Template(Kind):
     metavar: str | None = "TEMPLATE"
 
     def parse(self, text: str) -> str:
+        if "\x00" in text:
+            raise Bad(f"the template {shown(text)} holds a NUL character")
         if "{}" not in text:
             raise Bad(f"the template {shown(text)} has no '{{}}' where the text goes, e.g. 'a photo of {{}}.'")
         try:
@@ -529,7 +533,7 @@ class ImagePath(Kind):
 
     @property
     def bad(self) -> tuple[str, ...]:
-        return ("empty", "missing", "fifo", "dangling", "non_utf8", "corrupt_image", "empty_folder")
+        return ("empty", "missing", "fifo", "dangling", "non_utf8", "corrupt_image", "empty_folder", "nul")
 
 
 @dataclass(frozen=True)
