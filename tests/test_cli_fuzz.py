@@ -26,7 +26,7 @@ from PIL import Image
 
 from kestrel.cli.commands import all_commands
 from kestrel.cli.main import main
-from kestrel.cli.options import Command, Int, IntList, Kind, Option
+from kestrel.cli.options import Command, Int, IntList, Kind, Option, shown
 
 MODEL = "no-such-org/no-such-model"  # a well-formed hub id: only a load would find out it does not exist
 
@@ -213,16 +213,17 @@ def run_line(capsys, command: str, line: list[str]) -> tuple[int | str, str]:
 def check_refusal(command: str, line: list[str], code: int | str, err: str, names: list[str]) -> str | None:
     """What is wrong with the outcome, or None: exit 2, no traceback, one line naming one of ``names``."""
     first = (err.splitlines() or [""])[0]
-    shown = f"kestrel {command} {' '.join(printable(a) for a in line)}"
+    where = f"kestrel {command} {' '.join(printable(a) for a in line)}"
     if code != 2:
-        return f"{shown}: exit {code}, expected 2; stderr: {first}"
+        return f"{where}: exit {code}, expected 2; stderr: {first}"
     if "Traceback" in err:
-        return f"{shown}: a traceback"
+        return f"{where}: a traceback"
     if not first.startswith(f"kestrel {command}: error: "):
-        return f"{shown}: first line {first!r}"
-    named = [n for n in names if n and (n in first or printable(n) in first or os.path.basename(n) in first)]
+        return f"{where}: first line {first!r}"
+    named = [n for n in names if n and (n in first or printable(n) in first or shown(n, 10**6)[1:-1] in first
+                                        or os.path.basename(n) in first)]
     if not named:
-        return f"{shown}: the error does not name {names}: {first}"
+        return f"{where}: the error does not name {names}: {first}"
     return None
 
 
