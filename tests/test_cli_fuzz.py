@@ -268,7 +268,7 @@ JUNK = ["", " ", "0", "-1", "-0", "nan", "-inf", "inf", "1e309", "9" * 40, "0x10
 @pytest.mark.fuzz
 def test_random_command_lines(capsys, files, no_work, tmp_path):
     """Random command lines, one to three wrong values each (declared classes and junk text), fixed seed."""
-    rng = random.Random(20261203)
+    rng = random.Random(int(os.environ.get("KESTREL_FUZZ_SEED", "20261203")))
     commands = all_commands()
     runs, failures = 0, []
     budget = int(os.environ.get("KESTREL_FUZZ_RUNS", "4000"))
