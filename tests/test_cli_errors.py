@@ -135,20 +135,20 @@ def test_no_network_fails_fast_without_retries(tmp_path, dirs):  # a real proces
 @pytest.mark.parametrize(("args", "first"), [
     (["classify", "x.png", "--top", "0"], "kestrel classify: error: argument --top: expected an integer >= 1, got 0"),
     (["classify", "x.png", "--batch-size", "0"],
-     "kestrel classify: error: argument --batch-size: expected an integer >= 1, got 0"),
+     "kestrel classify: error: argument --batch-size: expected an integer from 1 to 4096, got 0"),
     (["classify", "x.png", "--top", "many"],
      "kestrel classify: error: argument --top: expected an integer >= 1, got 'many'"),
     (["classify", "x.png", "--device", "tpu"],
      "kestrel classify: error: argument --device: expected cpu, cuda, cuda:N or mps, got 'tpu'"),
     (["embed", "x.png", "--out", "o.safetensors", "--model", "dinov2-base", "--size", "-3"],
-     "kestrel embed: error: argument --size: expected an integer >= 1, got -3"),
+     "kestrel embed: error: argument --size: expected a size in pixels from 1 to 16384, got -3"),
     (["export", "vit-base-patch16-224", "--out", "o", "--batch", "0"],
-     "kestrel export: error: argument --batch: expected an integer >= 1, got 0"),
+     "kestrel export: error: argument --batch: expected an integer from 1 to 4096, got 0"),
     (["zero-shot", "x.png", "--labels", "a", "--template", "a photo of a"],
      "kestrel zero-shot: error: argument --template: the template 'a photo of a' has no '{}' where the text goes, "
      "e.g. 'a photo of {}.'"),
     (["classify", "x.png", "--weights", "/no/such/folder"],
-     "kestrel classify: error: argument --weights: '/no/such/folder' does not exist; give a folder with "
+     "kestrel classify: error: argument --weights: '/no/such/folder': no such file or folder; give a folder with "
      "config.json and *.safetensors"),
 ])
 def test_flags_are_range_checked_by_the_parser(capsys, args, first):
@@ -165,12 +165,16 @@ def test_cuda_on_a_cpu_build_is_a_parser_error(capsys):
 
 
 def test_an_internal_error_is_one_line_and_exit_3(capsys, monkeypatch):
-    from kestrel.cli import models
+    from dataclasses import replace
+
+    from kestrel.cli.commands import all_commands
+    from kestrel.cli.options import REGISTRY
 
     def broken(args):
         raise RuntimeError("something Kestrel got wrong")
 
-    monkeypatch.setattr(models, "cmd_check", broken)
+    all_commands()
+    monkeypatch.setitem(REGISTRY, "check", replace(REGISTRY["check"], run=broken))
     code, _, first = run(capsys, "check")
     assert (code, first) == (3, "kestrel check: internal error: RuntimeError: something Kestrel got wrong")
 
@@ -246,7 +250,7 @@ def test_size_must_be_whole_patches_of_a_resizable_model(capsys, dirs, tmp_path)
     assert (code, first) == (2, f"kestrel embed: error: --size 50: {dirs['dino']} cuts images into 14 x 14 patches, "
                                 "so the size must be a multiple of 14 (e.g. 42 or 56)")
     code, _, first = run(capsys, "embed", img, "--model", str(dirs["vit"]), "--out", out, "--size", "64")
-    assert code == 2 and first.startswith("kestrel embed: error: --size: ") and "vit model" in first
+    assert code == 2 and first.startswith("kestrel embed: error: --size 64: ") and "vit model" in first
     assert not Path(out).exists()
 
 
@@ -282,7 +286,7 @@ def test_zero_shot_needs_explicit_labels(capsys, tmp_path, dirs):
                      'now follow --labels: kestrel zero-shot IMAGE... --labels "a cat" "a dog" (the old form, '
                      "images then labels as positional arguments, is no longer accepted)")
     code, _, first = run(capsys, "zero-shot", img, "--labels", "")
-    assert (code, first) == (2, "kestrel zero-shot: error: --labels: label 1 is empty")
+    assert (code, first) == (2, "kestrel zero-shot: error: argument --labels: expected non-empty label, got ''")
     long_label = "a very long description " * 20
     code, _, first = run(capsys, "zero-shot", long_label, "--labels", "a cat")
     assert code == 2 and first.startswith("kestrel zero-shot: error: no such image file or folder: 'a very long")
@@ -335,14 +339,14 @@ def test_embed_checks_the_destination_before_any_work(capsys, dirs, tmp_path, mo
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     cases = {
-        str(blocker / "out.safetensors"): f"cannot create folder {blocker}: {blocker} is a file, not a folder",
-        "/dev/null": "cannot write /dev/null: it is not a regular file (a device, pipe or socket); refusing to "
-                     "replace it",
+        str(blocker / "out.safetensors"): f"argument --out: '{blocker / 'out.safetensors'}': a part of the path "
+                                          "is a file, not a folder",
+        "/dev/null": "argument --out: '/dev/null': a device, not a file",
         str(tmp_path): f"cannot write {tmp_path}: it is a folder",
     }
     link = tmp_path / "link.safetensors"
     link.symlink_to(blocker)
-    cases[str(link)] = f"cannot write {link}: it is a symbolic link; refusing to replace it"
+    cases[str(link)] = f"argument --out: '{link}': a symbolic link; refusing to replace it"
     for out, message in cases.items():
         code, _, first = run(capsys, "embed", img, "--model", str(dirs["dino"]), "--out", out)
         assert code == 2 and first.startswith(f"kestrel embed: error: {message}"), first

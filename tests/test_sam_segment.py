@@ -95,7 +95,6 @@ CASES = {
                                          [5.0, 6.0, 50.0, 60.0]]])),
     "label -10": ([Prompt([(250.0, 120.0), (40.0, 300.0), (10.0, 10.0)], [1, -10, 0])],
                   dict(input_points=[[[250.0, 120.0], [40.0, 300.0], [10.0, 10.0]]], input_labels=[[1, -10, 0]])),
-    "out of frame": ([Prompt([(-30.0, 900.0)], [1])], dict(input_points=[[[-30.0, 900.0]]], input_labels=[[1]])),
 }
 
 
@@ -164,6 +163,15 @@ def test_bad_prompts_are_named(setup, prompt, message):
     _, seg, _, _, emb = setup
     with pytest.raises(PromptError, match=message):
         seg.decode(emb, [prompt])
+
+
+def test_prompts_outside_the_photo_are_refused(setup):
+    """The one rule of kestrel.pipelines.input_rules: refused, not clipped (transformers would decode it)."""
+    from kestrel.pipelines.input_rules import InputRuleError
+
+    _, seg, _, _, emb = setup
+    with pytest.raises(InputRuleError, match=r"point 0 \(-30, 900\) lies outside the 500 x 375 image"):
+        seg.decode(emb, [Prompt([(-30.0, 900.0)], [1])])
 
 
 def test_mixed_boxes_are_refused(setup):

@@ -67,7 +67,7 @@ def test_sources_folder_list_csv_parquet(tmp_path):
     assert read_source(tmp_path / "list.txt") == [str(tmp_path / "p/d0/im000.png"), str(photos / "d1/im001.png")]
     (tmp_path / "t.csv").write_text("id,file\n1,p/d0/im000.png\n2,p/d2/im002.png\n")
     assert read_source(tmp_path / "t.csv", column="file")[1] == str(tmp_path / "p/d2/im002.png")
-    with pytest.raises(SourceError, match=r"t.csv has no column 'path' \(columns: id, file\)"):
+    with pytest.raises(SourceError, match=r"t.csv: no column 'path' \(columns: id, file\)"):
         read_source(tmp_path / "t.csv")
     pq.write_table(pa.table({"path": ["p/d0/im000.png"], "label": [3]}), tmp_path / "t.parquet")
     assert read_source([tmp_path / "t.parquet", photos / "d0/im000.png"]) == [str(tmp_path / "p/d0/im000.png"),

@@ -6,6 +6,7 @@ import argparse
 import os
 
 from ..errors import UsageError
+from .options import Choice, Option, PositiveInt, Text, Threads
 
 DATASET_HELP = """\
 dataset mode: with --out DIR (a new or empty folder, or an earlier run's), SOURCE is a folder tree of
@@ -17,22 +18,29 @@ machine, or on the cluster at --address; pip install 'kestrel[ray]'); --engine l
 """
 
 
-def add_dataset_args(p: argparse.ArgumentParser, batch: bool = False) -> None:
-    """The flags of dataset mode, in their own help group (``batch``: a --batch-size of its own too)."""
-    g = p.add_argument_group("dataset mode (--out DIR)")
-    if batch:
-        g.add_argument("--batch-size", type=int, default=8, metavar="N", help="images per forward pass (default 8)")
-    g.add_argument("--engine", choices=["local", "ray"], help="local: this process (default); ray: a Ray Data "
-                   "actor pool, one model per actor")
-    g.add_argument("--address", metavar="ADDR", help="join the Ray cluster at ADDR (e.g. ray://head:10001 or "
-                   "auto); without it Ray starts on this machine for the run")
-    g.add_argument("--workers", type=int, metavar="N", help="Ray actors (default: one per CPU)")
-    g.add_argument("--threads", type=int, metavar="N", help="torch threads per worker (default: the CPUs shared "
-                   "out among the workers)")
-    g.add_argument("--shard-size", type=int, default=1024, metavar="N", help="images per output shard "
-                   "(default 1024); batches never cross shards")
-    g.add_argument("--path-column", default="path", metavar="NAME", help="the column of image paths in a "
-                   ".parquet/.csv SOURCE (default path)")
+DATASET_GROUP = "dataset mode (--out DIR)"
+
+
+def dataset_options(batch: bool = False) -> list[Option]:
+    """The options of dataset mode, in their own help group (``batch``: a --batch-size of its own too)."""
+    g = DATASET_GROUP
+    own = [Option("--batch-size", PositiveInt(4096), default=8, group=g, help="images per forward pass (default 8)")
+           ] if batch else []
+    return [
+        *own,
+        Option("--engine", Choice(choices=("local", "ray")), group=g,
+               help="local: this process (default); ray: a Ray Data actor pool, one model per actor"),
+        Option("--address", Text(what="address", metavar="ADDR"), group=g,
+               help="join the Ray cluster at ADDR (e.g. ray://head:10001 or auto); without it Ray starts on this "
+                    "machine for the run"),
+        Option("--workers", PositiveInt(1024), group=g, help="Ray actors, 1 to 1024 (default: one per CPU)"),
+        Option("--threads", Threads(), group=g,
+               help="torch threads per worker (default: the CPUs shared out among the workers)"),
+        Option("--shard-size", PositiveInt(10_000_000), default=1024, group=g,
+               help="images per output shard (default 1024); batches never cross shards"),
+        Option("--path-column", Text(what="column name", metavar="NAME"), default="path", group=g,
+               help="the column of image paths in a .parquet/.csv SOURCE (default path)"),
+    ]
 
 
 def is_dataset_out(out: str | None) -> bool:
@@ -58,10 +66,6 @@ def run_dataset(args: argparse.Namespace, task: str, sources: list[str], **job: 
 
     if not sources:
         raise UsageError(f"{task}: give a SOURCE: a folder of images, a list file, or a .parquet/.csv table")
-    for flag in ("workers", "threads", "shard_size", "batch_size"):
-        value = getattr(args, flag, None)
-        if value is not None and value < 1:
-            raise UsageError(f"--{flag.replace('_', '-')} must be positive, got {value}")
     engine = args.engine or "local"
     if engine == "local" and (args.address or args.workers):
         raise UsageError("--address and --workers need --engine ray")

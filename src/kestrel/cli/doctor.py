@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from .options import Command, ExistingDir, IntList, ModelRef, Option, PositiveInt, Text, Threads, register
+
 DOCTOR_EPILOG = """examples:
   kestrel doctor                          machine, libraries, f32 GEMM rate of every kernel at 1..cores threads
   kestrel doctor --model DIR --batch 8    also calibrate every GEMM shape that model uses at batch 8
@@ -206,7 +208,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     model = _load(args)
     entry = _entry(model, args.entry)
-    batches = [int(b) for b in args.batch.split(",")]
+    batches = list(args.batch)
     print(f"{model.loaded.name}.{entry}: {calibrate.cpu_model()}, {torch.get_num_threads()} thread(s), "
           f"torch {torch.__version__}, f32")
     peak = max(gemm_rates(1024).values())
@@ -250,32 +252,41 @@ def _bench_batch(args: argparse.Namespace, model: Any, entry: str, variants: lis
         print("\n".join(calibrate.format_choices(rows)))
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("doctor", help="this machine: GEMM rates, the kernel chosen per shape, and why",
-                       description="Measure this machine's f32 GEMM rate with every installed kernel at 1 and all "
-                                   "cores' threads, and print the cached per-shape kernel choices (measured at a "
-                                   "shape's first use, cached per CPU model, threads and library versions).",
-                       epilog=DOCTOR_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", help="a card name or save_pretrained directory: calibrate every shape it uses")
-    p.add_argument("--weights", help="local directory of the card's files")
-    p.add_argument("--entry", help="the entry to run (default: the model's first)")
-    p.add_argument("--batch", type=int, default=1, help="batch for --model (default 1)")
-    p.add_argument("--threads", type=int, help="measure at this thread count only (default: 1 and all cores)")
-    p.add_argument("--size", type=int, default=1024, help="square GEMM size for the rates (default 1024)")
-    p.add_argument("--reset", action="store_true", help="delete the cached choices and stop")
-    p.set_defaults(run=cmd_doctor)
+register(Command(
+    "doctor", run=cmd_doctor, help="this machine: GEMM rates, the kernel chosen per shape, and why", raw=True,
+    description="Measure this machine's f32 GEMM rate with every installed kernel at 1 and all "
+                "cores' threads, and print the cached per-shape kernel choices (measured at a "
+                "shape's first use, cached per CPU model, threads and library versions).",
+    epilog=DOCTOR_EPILOG,
+    options=[
+        Option("--model", ModelRef(), help="a card name or save_pretrained directory: calibrate every shape it uses"),
+        Option("--weights", ExistingDir(hint="give a folder with config.json and *.safetensors"),
+               help="local directory of the card's files"),
+        Option("--entry", Text(what="entry name", metavar="ENTRY"),
+               help="the entry to run (default: the model's first)"),
+        Option("--batch", PositiveInt(4096), default=1, help="batch for --model, 1 to 4096 (default 1)"),
+        Option("--threads", Threads(), help="measure at this thread count only (default: 1 and all cores)"),
+        Option("--size", PositiveInt(8192, what="a GEMM size"), default=1024,
+               help="square GEMM size for the rates, 1 to 8192 (default 1024)"),
+        Option("--reset", help="delete the cached choices and stop"),
+    ]))
 
-    p = sub.add_parser("bench", help="time a model's entry on this machine (eager, optionally compiled)",
-                       description="Time one entry of a model on seeded example inputs at each batch, after "
-                                   "calibrating its GEMM shapes; prints median and min seconds, GFLOP/s (FLOPs "
-                                   "counted by torch) and the share of the best GEMM rate measured in the same run.",
-                       epilog=BENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", help="a card name or a save_pretrained directory")
-    p.add_argument("--weights", help="local directory of the card's files")
-    p.add_argument("--entry", help="the entry to time (default: the model's first)")
-    p.add_argument("--batch", default="1,8", help="comma list of batch sizes (default 1,8)")
-    p.add_argument("--repeat", type=int, default=5, help="timed calls per variant and batch (default 5)")
-    p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
-    p.add_argument("--compile", action="store_true", help="also time torch.compile of the entry, interleaved")
-    p.add_argument("-v", "--verbose", action="store_true", help="print the kernel chosen for every GEMM shape")
-    p.set_defaults(run=cmd_bench)
+register(Command(
+    "bench", run=cmd_bench, help="time a model's entry on this machine (eager, optionally compiled)", raw=True,
+    description="Time one entry of a model on seeded example inputs at each batch, after "
+                "calibrating its GEMM shapes; prints median and min seconds, GFLOP/s (FLOPs "
+                "counted by torch) and the share of the best GEMM rate measured in the same run.",
+    epilog=BENCH_EPILOG,
+    options=[
+        Option("model", ModelRef(metavar="MODEL"), help="a card name or a save_pretrained directory"),
+        Option("--weights", ExistingDir(hint="give a folder with config.json and *.safetensors"),
+               help="local directory of the card's files"),
+        Option("--entry", Text(what="entry name", metavar="ENTRY"),
+               help="the entry to time (default: the model's first)"),
+        Option("--batch", IntList(1, 4096), default=[1, 8], help="comma list of batch sizes, each 1 to 4096 "
+                                                                "(default 1,8)"),
+        Option("--repeat", PositiveInt(100_000), default=5, help="timed calls per variant and batch (default 5)"),
+        Option("--threads", Threads(), help="torch threads (default: torch's)"),
+        Option("--compile", help="also time torch.compile of the entry, interleaved"),
+        Option("-v --verbose", help="print the kernel chosen for every GEMM shape"),
+    ]))

@@ -14,7 +14,8 @@ import sys
 from typing import NoReturn
 
 from ..errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, KestrelError
-from . import doctor, models, segment, serve, site, tasks
+from .commands import all_commands
+from .options import REGISTRY, add_command, shown
 
 EPILOG = """examples:
   kestrel check                                  type-check every model, no weights needed
@@ -62,15 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"kestrel {_version()}")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    models.add_parsers(sub)
-    tasks.add_parsers(sub)
-    site.add_parsers(sub)
-    segment.add_parser(sub)
-    serve.add_parsers(sub)
-    doctor.add_parsers(sub)
-    for p in {id(p): p for p in sub.choices.values()}.values():  # `kestrel CMD ... --debug` too
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    parser.commands = {}  # type: ignore[attr-defined]
+    for command in all_commands():  # every command is declared through kestrel.cli.options
+        p = add_command(sub, command)
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+        parser.commands[command.name] = p  # type: ignore[attr-defined]
     return parser
 
 
@@ -86,15 +84,37 @@ def _debug(args: argparse.Namespace | None) -> bool:
 
 
 def _describe_os_error(e: OSError) -> str:
-    where = e.filename if e.filename is not None else ""
+    where = shown(e.filename).strip("'\"") if e.filename is not None else ""
     reason = e.strerror or str(e)
     return f"{where}: {reason}" if where else reason
 
 
+def _printable_streams() -> None:
+    """A file name that is not UTF-8 prints as ``caf\\xe9.png`` instead of failing the command."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):
+                pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``) and return the exit status."""
+    _printable_streams()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    command = REGISTRY.get(getattr(args, "command", None) or "")
+    sub = parser.commands.get(command.name, parser) if command else parser  # type: ignore[attr-defined]
+    if extra:  # reported by the command's own parser: `kestrel CMD: error: ...`
+        sub.error(f"unrecognized arguments: {' '.join(shown(a) for a in extra)}")
+    if command is not None:
+        for option in command.options:  # argparse lets `--flag=--` through as an unparsed []
+            dest = option.dest or (option.name if option.positional else option.flags[-1].lstrip("-")).replace("-", "_")
+            if option.nargs is None and option.action is None and getattr(args, dest, None) == []:
+                sub.error(f"argument {option.label}: expected {option.kind.expect if option.kind else 'no value'}, "
+                          "got '--'")
     if not getattr(args, "run", None):
         parser.print_help()
         return EXIT_OK

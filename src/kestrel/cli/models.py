@@ -6,6 +6,8 @@ import argparse
 import importlib.util
 import json
 import math
+import os
+import shutil
 import sys
 import traceback
 from pathlib import Path
@@ -17,7 +19,22 @@ from ..errors import KestrelError, UsageError
 from ..inspect import format_parameters, format_program, program_json
 from ..inspect.manifest import parameter_rows
 from ..models.cards import CARDS, Card, CardError, family_for_config, find_card
-from . import args as types
+from .options import (
+    Choice,
+    Command,
+    ExistingDir,
+    Int,
+    ModelRef,
+    NewFile,
+    Option,
+    OutDir,
+    PixelSize,
+    PositiveInt,
+    Text,
+    register,
+)
+
+EXPORT_TARGETS = ("executorch-webgpu", "executorch-portable", "executorch-xnnpack", "onnx")
 
 
 def _card(name: str) -> Card:
@@ -187,14 +204,27 @@ def cmd_diagram(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ..export.edge import TARGETS, export_edge
-    from ..runtime.load import check_model_name, load
+    from ..runtime.load import check_model_name
     from ..runtime.output import prepare_output_dir
+    from .tasks import check_size
 
-    if args.target not in TARGETS:
-        raise UsageError(f"unknown export target {args.target!r}; expected one of {', '.join(TARGETS)}")
     check_model_name(args.model)
+    if args.size is not None:
+        check_size(args.model, args.weights, args.size)  # the rule embed, segment and serve apply
+    created = not os.path.lexists(args.out)
     out = prepare_output_dir(args.out)  # before the work
+    try:
+        return _export(args, out)
+    except BaseException:
+        if created:  # a failed export leaves no new folder behind (an existing one keeps what it had)
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _export(args: argparse.Namespace, out: Path) -> int:
+    from ..export.edge import export_edge
+    from ..runtime.load import load
+
     model = load(args.model, weights=args.weights, **_size_generics(args))
     if args.target == "onnx" and not _is_edge_split(model):
         from ..export.onnx import export_onnx
@@ -220,17 +250,22 @@ def _size_generics(args: argparse.Namespace) -> dict[str, int]:
     if args.size is None:
         return {}
     from ..models.cards import family_for_config
+    from ..pipelines.input_rules import size_problem
     from ..runtime.load import read_config, resolve
 
     directory, _ = resolve(args.model, args.weights)
-    family = family_for_config(read_config(directory), directory)
+    config = read_config(directory)
+    family = family_for_config(config, directory)
+    try:
+        generics = family.generics(config)
+    except (KeyError, TypeError, ValueError):
+        generics = {}
+    problem = size_problem(family.name, family.resizable, generics, args.size, model=args.model)
+    if problem is not None:
+        raise CardError(problem)
     if "E" in family.resizable:
-        if args.size % 32:
-            raise CardError(f"--size {args.size}: {family.name} needs a multiple of 32")
         return {"E": args.size // 16}
-    if {"Height", "Width"} <= set(family.resizable):
-        return {"Height": args.size, "Width": args.size}
-    raise CardError(f"--size: {family.name} is bound at its checkpoint's image size (it cannot be rebound)")
+    return {"Height": args.size, "Width": args.size}
 
 
 def _is_edge_split(model: object) -> bool:
@@ -239,67 +274,65 @@ def _is_edge_split(model: object) -> bool:
     return is_sam2(model)
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("check", help="type-check models without any weights",
-                       description="Run every function of each model symbolically and prove its declared types. "
-                                   "Exits 1 with diagnostics (file:line, both shapes, the missing where fact).")
-    p.add_argument("models", nargs="*", metavar="MODEL",
-                   help="card names (default: every model), or Python files/directories of your own blocks")
-    p.set_defaults(run=cmd_check)
+register(Command(
+    "check", run=cmd_check, help="type-check models without any weights",
+    description="Run every function of each model symbolically and prove its declared types. "
+                "Exits 1 with diagnostics (file:line, both shapes, the missing where fact).",
+    options=[Option("models", Text(what="model name or path", metavar="MODEL"), nargs="*",
+                    help="card names (default: every model), or Python files/directories of your own blocks")]))
 
-    p = sub.add_parser("inspect", help="print a model's architecture as blocks",
-                       description="Print the entries, the generics as the checkpoint binds them, and every block "
-                                   "of the program, derived from the declarations. Without a model: one line per "
-                                   "model (checked, parameters, entries).",
-                       epilog="examples:\n  kestrel inspect\n  kestrel inspect sam-vit-base --parameters\n"
-                              "  kestrel inspect ./my-dinov2-checkpoint\n  kestrel inspect --all",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", nargs="?", metavar="MODEL",
-                   help="a card name (sam-vit-base), its hub id, or a save_pretrained directory; "
-                        "none: one summary line per model")
-    p.add_argument("--all", action="store_true", help="every known model")
-    p.add_argument("--parameters", action="store_true", help="every parameter path with its bound shape")
-    p.add_argument("--json", action="store_true", help="blocks, generics and parameters as JSON")
-    p.set_defaults(run=cmd_inspect)
+register(Command(
+    "inspect", run=cmd_inspect, help="print a model's architecture as blocks", raw=True,
+    description="Print the entries, the generics as the checkpoint binds them, and every block "
+                "of the program, derived from the declarations. Without a model: one line per "
+                "model (checked, parameters, entries).",
+    epilog="examples:\n  kestrel inspect\n  kestrel inspect sam-vit-base --parameters\n"
+           "  kestrel inspect ./my-dinov2-checkpoint\n  kestrel inspect --all",
+    options=[Option("model", ModelRef(metavar="MODEL"), nargs="?",
+                    help="a card name (sam-vit-base), its hub id, or a save_pretrained directory; "
+                         "none: one summary line per model"),
+             Option("--all", help="every known model"),
+             Option("--parameters", help="every parameter path with its bound shape"),
+             Option("--json", help="blocks, generics and parameters as JSON")]))
 
-    p = sub.add_parser("diagram", help="draw an entry's graph with every edge's inferred type",
-                       description="Draw the entry's typed graph, laid out by Graphviz: sub-block calls expanded "
-                                   "as labelled groups (--expand levels), untyped helpers grouped under their name, "
-                                   "loops over layers drawn once; every edge is labelled with the type the checker "
-                                   "inferred, in the model's own generics.",
-                       epilog="example: kestrel diagram sam-vit-base --entry encode_image -o preview.svg")
-    p.add_argument("model", metavar="MODEL", help="a card name")
-    p.add_argument("--entry", help="entry or function to draw (default: the first entry)")
-    p.add_argument("--expand", type=int, default=1, metavar="N",
-                   help="expand sub-block calls as groups down to N levels, one node each below (default 1)")
-    p.add_argument("--theme", choices=("light", "dark"), default="light", help="colours (default light)")
-    p.add_argument("-o", "--output", metavar="FILE",
-                   help="FILE.svg (default MODEL.ENTRY.svg), FILE.png, or FILE.dot (Graphviz source)")
-    p.set_defaults(run=cmd_diagram)
+register(Command(
+    "diagram", run=cmd_diagram, help="draw an entry's graph with every edge's inferred type",
+    description="Draw the entry's typed graph, laid out by Graphviz: sub-block calls expanded "
+                "as labelled groups (--expand levels), untyped helpers grouped under their name, "
+                "loops over layers drawn once; every edge is labelled with the type the checker "
+                "inferred, in the model's own generics.",
+    epilog="example: kestrel diagram sam-vit-base --entry encode_image -o preview.svg",
+    options=[Option("model", Text(what="card name", metavar="MODEL"), help="a card name"),
+             Option("--entry", Text(what="entry name", metavar="ENTRY"),
+                    help="entry or function to draw (default: the first entry)"),
+             Option("--expand", Int(0, 64, "a depth"), default=1,
+                    help="expand sub-block calls as groups down to N levels, one node each below (default 1)"),
+             Option("--theme", Choice(choices=("light", "dark")), default="light", help="colours (default light)"),
+             Option("-o --output", NewFile(),
+                    help="FILE.svg (default MODEL.ENTRY.svg), FILE.png, or FILE.dot (Graphviz source)")]))
 
-    p = sub.add_parser("export", help="export deployable programs (ExecuTorch, ONNX)",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="Write one program per entry (SAM 2.1: the encoder/decoder split of seed 002), "
-                                   "the prompt tables, manifest.json (shapes, sha256, op counts read back from the "
-                                   "programs) and validation.json (the programs run on this CPU against Kestrel "
-                                   "eager and, for SAM 2.1, transformers).",
-                       epilog="targets:\n"
-                              "  executorch-webgpu    WebGPUPartitioner programs + portable twins that validate here\n"
-                              "  executorch-portable  ExecuTorch portable kernels (no delegate)\n"
-                              "  executorch-xnnpack   XNNPACK-delegated programs, for CPUs\n"
-                              "  onnx                 ONNX (onnxruntime validates)\n"
-                              "ExecuTorch targets need the extra: pip install 'kestrel[edge]'\n\n"
-                              "example: kestrel export sam2.1-hiera-tiny --target executorch-webgpu --size 512 "
-                              "--out out/")
-    p.add_argument("model", metavar="MODEL", help="card name or save_pretrained directory")
-    p.add_argument("--target", default="onnx", metavar="TARGET",
-                   help="executorch-webgpu, executorch-portable, executorch-xnnpack or onnx (default)")
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
-    p.add_argument("--weights", metavar="DIR", type=types.existing_dir,
-                   help="read the card's weights from this directory")
-    p.add_argument("--size", type=types.positive_int, metavar="PX",
-                   help="input image size to bind (SAM 2.1: 512 or 1024)")
-    p.add_argument("--batch", type=types.positive_int, default=1, metavar="N",
-                   help="batch size of plain ONNX exports, >= 1 (default 1)")
-    p.add_argument("--no-validate", action="store_true", help="skip validation.json (no programs are run)")
-    p.set_defaults(run=cmd_export)
+register(Command(
+    "export", run=cmd_export, help="export deployable programs (ExecuTorch, ONNX)", raw=True,
+    description="Write one program per entry (SAM 2.1: the encoder/decoder split of seed 002), "
+                "the prompt tables, manifest.json (shapes, sha256, op counts read back from the "
+                "programs) and validation.json (the programs run on this CPU against Kestrel "
+                "eager and, for SAM 2.1, transformers). A failed export leaves no new --out folder.",
+    epilog="targets:\n"
+           "  executorch-webgpu    WebGPUPartitioner programs + portable twins that validate here\n"
+           "  executorch-portable  ExecuTorch portable kernels (no delegate)\n"
+           "  executorch-xnnpack   XNNPACK-delegated programs, for CPUs\n"
+           "  onnx                 ONNX (onnxruntime validates)\n"
+           "ExecuTorch targets need the extra: pip install 'kestrel[edge]'\n\n"
+           "example: kestrel export sam2.1-hiera-tiny --target executorch-webgpu --size 512 --out out/",
+    options=[Option("model", ModelRef(metavar="MODEL"), help="card name or save_pretrained directory"),
+             Option("--target", Choice(choices=EXPORT_TARGETS), default="onnx",
+                    help="executorch-webgpu, executorch-portable, executorch-xnnpack or onnx (default)"),
+             Option("--out", OutDir(), required=True, help="output directory"),
+             Option("--weights", ExistingDir(hint="give a folder with config.json and *.safetensors"),
+                    help="read the card's weights from this directory"),
+             Option("--size", PixelSize(),
+                    help="input image size to bind (SAM 2.1: a multiple of 32, 512 or 1024; ViT/DINOv2: a "
+                         "multiple of the patch size)"),
+             Option("--batch", PositiveInt(4096), default=1,
+                    help="batch size of plain ONNX exports, 1 to 4096 (default 1)"),
+             Option("--no-validate", help="skip validation.json (no programs are run)")]))

@@ -4,10 +4,31 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
+
+from .datasets import dataset_options
+from .options import (
+    Box,
+    Choice,
+    Command,
+    Device,
+    ExistingDir,
+    ExistingPath,
+    Int,
+    ModelRef,
+    NewFile,
+    NpyFile,
+    Option,
+    OutDir,
+    PixelSize,
+    Point,
+    PositiveInt,
+    Probability,
+    register,
+)
+from .tasks import speed_options
 
 EPILOG = """examples:
   kestrel segment photo.jpg --point 500,375                 one foreground click
@@ -28,48 +49,17 @@ prints each mask's predicted IoU.
 """
 
 
-def _numbers(text: str, n: int, what: str) -> list[float]:
-    from ..pipelines.sam_processing import PromptError
+def build_prompts(points: list[tuple[tuple[float, float], int]], boxes: list[tuple[float, float, float, float]]
+                  ) -> list[Any]:
+    """``--point``s make one object; each ``--box`` one object, sharing the points when both are given.
 
-    parts = text.split(",")
-    try:
-        values = [float(p) for p in parts]
-    except ValueError:
-        values = []
-    if len(values) != n:
-        raise PromptError(f"{what} {text!r}: expected {n} comma-separated numbers")
-    if not all(math.isfinite(v) for v in values):
-        raise PromptError(f"{what} {text!r}: coordinates must be finite numbers")
-    return values
-
-
-def parse_point(text: str) -> tuple[tuple[float, float], int]:
-    """``X,Y`` or ``X,Y:LABEL`` (label 1 by default)."""
-    from ..pipelines.sam_processing import PromptError
-
-    xy, _, label = text.partition(":")
-    x, y = _numbers(xy, 2, "--point")
-    try:
-        lab = int(label) if label else 1
-    except ValueError:
-        raise PromptError(f"--point {text!r}: the label after ':' must be an integer (1, 0, -1 or -10)") from None
-    return (x, y), lab
-
-
-def parse_box(text: str) -> tuple[float, float, float, float]:
-    x0, y0, x1, y1 = _numbers(text, 4, "--box")
-    return x0, y0, x1, y1
-
-
-def build_prompts(points: list[str], boxes: list[str]) -> list[Any]:
-    """``--point``s make one object; each ``--box`` one object, sharing the points when both are given."""
+    Points and boxes come parsed by their option kinds (:class:`~kestrel.cli.options.Point`, ``Box``)."""
     from ..pipelines.sam_processing import Prompt
 
-    parsed = [parse_point(p) for p in points]
-    xy, labels = [p for p, _ in parsed], [lab for _, lab in parsed]
+    xy, labels = [p for p, _ in points], [lab for _, lab in points]
     if not boxes:
         return [Prompt(xy, labels)]
-    return [Prompt(list(xy), list(labels), parse_box(b)) for b in boxes]
+    return [Prompt(list(xy), list(labels), b) for b in boxes]
 
 
 def _describe(prompt: Any) -> str:
@@ -77,13 +67,6 @@ def _describe(prompt: Any) -> str:
     if prompt.box is not None:
         parts.append("--box " + ",".join(f"{v:g}" for v in prompt.box))
     return " ".join(parts)
-
-
-def _check_out(out: Path) -> None:
-    from ..pipelines.sam_processing import PromptError
-
-    if out.exists() and not out.is_dir():
-        raise PromptError(f"--out {out}: exists and is not a directory")
 
 
 def _write(path: Path, write: Any) -> None:
@@ -106,17 +89,18 @@ def cmd_segment(args: argparse.Namespace) -> int:
     from PIL import Image
 
     from ..pipelines.images import load_image
+    from ..pipelines.input_rules import check_prompts_inside
     from ..pipelines.overlay import draw_overlay
+    from ..pipelines.readers import read_mask
     from ..pipelines.sam_processing import PromptError
     from ..pipelines.segment import image_digest, load_embedding, save_embedding, segmenter_for
-    from .tasks import _load
+    from .tasks import _load, check_size
 
     if args.everything and _dataset_mode(args):
         return _everything_dataset(args)
     if args.engine or args.address or args.workers:
         raise PromptError("--engine, --address and --workers are for --everything over a dataset")
     out = Path(args.out)
-    _check_out(out)
     if not args.everything and not args.point and not args.box:
         raise PromptError("nothing to segment: give --point X,Y and/or --box X0,Y0,X1,Y1, or --everything")
     if args.everything and (args.point or args.box or args.mask_input):
@@ -125,12 +109,14 @@ def cmd_segment(args: argparse.Namespace) -> int:
     for i, prompt in enumerate(prompts):  # before the model loads: a bad prompt costs nothing
         prompt.check(f"prompt {i} ({_describe(prompt)})")
     photo = load_image(args.image)
-    mask_file = Path(args.mask_input) if args.mask_input else None
-    if mask_file is not None and not mask_file.is_file():
-        raise FileNotFoundError(f"--mask-input {mask_file}: no such file")
+    check_prompts_inside(prompts, photo.width, photo.height)  # refused, not clipped (README: prompts)
+    if args.everything:
+        from ..pipelines.mask_generation import check_crops
 
-    if args.size is not None and (args.size <= 0 or args.size % 32):
-        raise PromptError(f"--size {args.size}: SAM 2 runs at a positive multiple of 32 px (1024 or 512)")
+        check_crops(photo.width, photo.height, args.crops_n_layers)
+    mask_array = read_mask(args.mask_input) if args.mask_input else None
+    if args.size is not None:
+        check_size(args.model, args.weights, args.size)
     model = _load(args, **({"E": args.size // 16} if args.size else {}))
     seg = segmenter_for(model)
     if args.everything:
@@ -149,12 +135,8 @@ def cmd_segment(args: argparse.Namespace) -> int:
             print(f"saved the image embedding to {emb_path}")
 
     mask_input = None
-    if mask_file is not None:
-        if mask_file.suffix == ".npy":
-            array = np.load(mask_file, allow_pickle=False)
-        else:
-            array = np.array(Image.open(mask_file).convert("L"))
-        mask_input = seg.processor.mask_prompt(array, emb.original_size)  # type: ignore[attr-defined]
+    if mask_array is not None:
+        mask_input = seg.processor.mask_prompt(mask_array, emb.original_size)  # type: ignore[attr-defined]
 
     decoded = seg.decode(emb, prompts, multimask=args.multimask, mask_input=mask_input)
     order = torch.argsort(decoded.iou, dim=1, descending=True)  # best first within each prompt
@@ -235,49 +217,50 @@ def _everything_dataset(args: argparse.Namespace) -> int:
     return run_dataset(args, "segment-everything", [args.image], options=options)
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("segment", help="masks from points and boxes, or every object (SAM)",
-                       description="Segment the object at a click or in a box, or every object in the image. "
-                                   "Writes one PNG per mask, an overlay and a JSON summary; prints the predicted IoU.",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("image", metavar="IMAGE", help="the photo; with --everything also a dataset SOURCE (a folder, "
-                   "list file or .parquet/.csv table): Parquet shards with COCO RLE masks per image in --out DIR")
-    p.add_argument("--point", action="append", metavar="X,Y[:LABEL]",
-                   help="a click in pixels of the photo, label 1 (default) foreground or 0 background; repeatable")
-    p.add_argument("--box", action="append", metavar="X0,Y0,X1,Y1",
-                   help="a box around one object; repeatable (one object each; the points apply to every box)")
-    p.add_argument("--mask-input", metavar="FILE",
-                   help="a previous mask as a dense prompt: lowres_K.npy from an earlier run (256 x 256 logits) "
-                        "or a mask image of the photo's size")
-    p.add_argument("--multimask", action="store_true",
-                   help="three candidate masks per object instead of one (best predicted IoU first)")
-    p.add_argument("--embeddings", metavar="FILE",
-                   help="reuse the image embedding saved in FILE, or save it there (safetensors); a file of "
-                        "another model, revision or image is refused")
-    p.add_argument("--everything", action="store_true",
-                   help="segment every object: a grid of points, filtered and de-duplicated (COCO RLE JSON)")
-    p.add_argument("--points-per-side", type=int, default=32, help="--everything: grid points per side (32)")
-    p.add_argument("--points-per-batch", type=int, default=64,
-                   help="--everything: points decoded at once; bounds memory (64)")
-    p.add_argument("--pred-iou-thresh", type=float, default=0.88, help="--everything: keep predicted IoU above (0.88)")
-    p.add_argument("--stability-score-thresh", type=float, default=0.95,
-                   help="--everything: keep stability score above (0.95)")
-    p.add_argument("--nms-thresh", type=float, default=0.7, help="--everything: box NMS IoU threshold (0.7)")
-    p.add_argument("--crops-n-layers", type=int, default=0,
-                   help="--everything: also run on 2x2, 4x4... crops, this many layers (0)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--out", default="segment-out", metavar="DIR", help="output directory (default segment-out)")
-    p.add_argument("--model", default="sam-vit-base", metavar="NAME|DIR",
-                   help="card name or save_pretrained directory (default sam-vit-base)")
-    p.add_argument("--weights", metavar="DIR", help="read the card's files from DIR instead of the hub")
-    p.add_argument("--size", type=int, metavar="PX",
-                   help="SAM 2: run at PX x PX (1024 upstream, 512 the edge recipe; a multiple of 32)")
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    p.add_argument("--dtype", default="f32", choices=["f32", "bf16", "f16"], help="compute dtype (default f32)")
-    from .datasets import add_dataset_args
-    from .tasks import add_speed_args
+EVERYTHING = "--everything (every object)"
 
-    add_speed_args(p)
-
-    add_dataset_args(p)
-    p.set_defaults(run=cmd_segment)
+register(Command(
+    "segment", run=cmd_segment, help="masks from points and boxes, or every object (SAM)", raw=True,
+    description="Segment the object at a click or in a box, or every object in the image. "
+                "Writes one PNG per mask, an overlay and a JSON summary; prints the predicted IoU. "
+                "Points and boxes must lie inside the photo (refused, not clipped).",
+    epilog=EPILOG,
+    options=[
+        Option("image", ExistingPath("an image, or with --everything a dataset SOURCE", "IMAGE"),
+               help="the photo; with --everything also a dataset SOURCE (a folder, list file or .parquet/.csv "
+                    "table): Parquet shards with COCO RLE masks per image in --out DIR"),
+        Option("--point", Point(), action="append",
+               help="a click in pixels of the photo, label 1 (default) foreground or 0 background; repeatable"),
+        Option("--box", Box(), action="append",
+               help="a box around one object; repeatable (one object each; the points apply to every box)"),
+        Option("--mask-input", NpyFile(),
+               help="a previous mask as a dense prompt: lowres_K.npy from an earlier run (256 x 256 logits) "
+                    "or a mask image of the photo's size"),
+        Option("--multimask", help="three candidate masks per object instead of one (best predicted IoU first)"),
+        Option("--embeddings", NewFile(),
+               help="reuse the image embedding saved in FILE, or save it there (safetensors); a file of "
+                    "another model, revision or image is refused"),
+        Option("--everything", help="segment every object: a grid of points, filtered and de-duplicated "
+                                    "(COCO RLE JSON)"),
+        Option("--points-per-side", PositiveInt(1024), default=32, group=EVERYTHING,
+               help="grid points per side, 1 to 1024 (32)"),
+        Option("--points-per-batch", PositiveInt(65536), default=64, group=EVERYTHING,
+               help="points decoded at once; bounds memory (64)"),
+        Option("--pred-iou-thresh", Probability(), default=0.88, group=EVERYTHING,
+               help="keep predicted IoU above, 0 to 1 (0.88)"),
+        Option("--stability-score-thresh", Probability(), default=0.95, group=EVERYTHING,
+               help="keep stability score above, 0 to 1 (0.95)"),
+        Option("--nms-thresh", Probability(), default=0.7, group=EVERYTHING, help="box NMS IoU threshold (0.7)"),
+        Option("--crops-n-layers", Int(0, 6, "a layer count"), default=0, group=EVERYTHING,
+               help="also run on 2x2, 4x4... crops, this many layers, 0 to 6 (0)"),
+        Option("--quiet", help="no progress bar"),
+        Option("--out", OutDir(), default="segment-out", help="output directory (default segment-out)"),
+        Option("--model", ModelRef(), default="sam-vit-base",
+               help="card name or save_pretrained directory (default sam-vit-base)"),
+        Option("--weights", ExistingDir(hint="give a folder with config.json and *.safetensors"),
+               help="read the card's files from DIR instead of the hub"),
+        Option("--size", PixelSize(), help="SAM 2: run at PX x PX (1024 upstream, 512 the edge recipe; a multiple "
+                                           "of 32)"),
+        Option("--device", Device(), default="cpu", help="cpu (default) or cuda"),
+        Option("--dtype", Choice(choices=("f32", "bf16", "f16")), default="f32", help="compute dtype (default f32)"),
+        *speed_options(), *dataset_options()]))

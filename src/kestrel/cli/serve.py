@@ -6,6 +6,8 @@ import argparse
 import os
 from pathlib import Path
 
+from .options import Choice, Command, ExistingDir, Host, ModelRef, Option, PixelSize, Port, PositiveInt, register
+
 DESCRIPTION = """\
 A local web page that segments with SAM 2.1 in the browser. Open or drop an image: the encoder runs
 once (in the page with onnxruntime-web, on WebGPU when the browser has it and on WASM otherwise, or
@@ -34,6 +36,8 @@ def vendor_dir() -> Path:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from ..pipelines.input_rules import check_export_size
+    from ..pipelines.readers import read_edge_manifest
     from ..web.server import App, ServeError, make_server, require_loopback
 
     require_loopback(args.host)
@@ -41,6 +45,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ServeError("give --export DIR (a `kestrel export --target onnx` folder) or --model NAME|DIR")
     if args.encode == "server" and args.model is None:
         raise ServeError("--encode server needs --model NAME|DIR to encode with")
+    if args.export is not None:  # the export's own size, checked before any model loads
+        _, export_size = read_edge_manifest(args.export)
+        args.size = check_export_size(export_size, args.size, f"the export {args.export}")
+    elif args.size is None:
+        args.size = DEFAULT_SIZE
+    if args.model is not None:
+        from .tasks import check_size
+
+        check_size(args.model, args.weights, args.size)
     model = _load(args) if args.model is not None else None
     export = Path(args.export) if args.export else cached_edge_export(model, args.size)
     encoder = server_encoder(model) if args.encode == "server" else None
@@ -103,34 +116,26 @@ def server_encoder(model):
     return encode
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="segment in the browser (SAM 2.1 edge split, local web page)",
-                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--export", metavar="DIR", help="a `kestrel export --target onnx` folder of SAM 2.1")
-    p.add_argument("--model", metavar="NAME|DIR", help="SAM 2.1 card or save_pretrained directory "
-                                                        "(exported on first use unless --export is given)")
-    p.add_argument("--weights", metavar="DIR", help="read the card's files from DIR instead of the hub")
-    p.add_argument("--size", type=int, default=512, choices=[512, 1024], help="encoder input size (default 512)")
-    p.add_argument("--encode", default="page", choices=["page", "server"],
-                   help="where the encoder runs: in the page (default) or here")
-    p.add_argument("--host", default="127.0.0.1", help="loopback address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=_port, default=8765, help="port (default 8765; 0 picks a free one)")
-    p.add_argument("--max-upload-mb", type=_positive, default=32, metavar="MB",
-                   help="largest image upload with --encode server (default 32)")
-    p.add_argument("--max-upload-pixels", type=_positive, default=40_000_000, metavar="N",
-                   help="most pixels in an uploaded image (default 40,000,000)")
-    p.set_defaults(run=cmd_serve)
+DEFAULT_SIZE = 512
 
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is 0..65535, got {value}")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
+register(Command(
+    "serve", run=cmd_serve, help="segment in the browser (SAM 2.1 edge split, local web page)", raw=True,
+    description=DESCRIPTION, epilog=EPILOG,
+    options=[
+        Option("--export", ExistingDir(hint="give a `kestrel export sam2.1-... --target onnx` folder"),
+               help="a `kestrel export --target onnx` folder of SAM 2.1"),
+        Option("--model", ModelRef(), help="SAM 2.1 card or save_pretrained directory (exported on first use unless "
+                                           "--export is given)"),
+        Option("--weights", ExistingDir(hint="give a folder with config.json and *.safetensors"),
+               help="read the card's files from DIR instead of the hub"),
+        Option("--size", PixelSize(), help=f"encoder input size (default: the export's, or {DEFAULT_SIZE}; a "
+                                           "multiple of 32)"),
+        Option("--encode", Choice(choices=("page", "server")), default="page",
+               help="where the encoder runs: in the page (default) or here"),
+        Option("--host", Host(), default="127.0.0.1", help="loopback address to bind (default 127.0.0.1)"),
+        Option("--port", Port(), default=8765, help="port (default 8765; 0 picks a free one)"),
+        Option("--max-upload-mb", PositiveInt(4096, metavar="MB"), default=32,
+               help="largest image upload with --encode server, 1 to 4096 (default 32)"),
+        Option("--max-upload-pixels", PositiveInt(1 << 31), default=40_000_000,
+               help="most pixels in an uploaded image (default 40,000,000)"),
+    ]))

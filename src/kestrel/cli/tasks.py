@@ -10,8 +10,24 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..models.cards import CardError
-from . import args as types
-from .datasets import DATASET_HELP, add_dataset_args
+from .datasets import DATASET_HELP, dataset_options
+from .options import (
+    Choice,
+    Command,
+    Device,
+    ExistingDir,
+    ImagePath,
+    ModelRef,
+    NewFileOrDir,
+    Option,
+    OutDir,
+    PixelSize,
+    PositiveInt,
+    Template,
+    Text,
+    register,
+    shown,
+)
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -21,16 +37,6 @@ def _load(args: argparse.Namespace, **generics: int):
 
     return load(args.model, weights=args.weights, dtype=args.dtype, device=args.device,
                 compile=getattr(args, "compile", False), quantize=getattr(args, "quantize", None), **generics)
-
-
-def add_speed_args(p: argparse.ArgumentParser) -> None:
-    """``--compile`` and ``--quantize``: the speed options of ``kestrel.load`` (README, Speed)."""
-    p.add_argument("--compile", action="store_true",
-                   help="run the model under torch.compile (static shapes, inductor freezing): the first call "
-                        "compiles (tens of seconds); pays on large inputs, see `kestrel bench DIR --compile`")
-    p.add_argument("--quantize", choices=["int8"], default=None,
-                   help="int8 dynamic quantisation of every linear layer (opt-in, not exact: README has its "
-                        "accuracy against f32)")
 
 
 def _generics_before_load(args: argparse.Namespace) -> tuple[str, dict] | None:
@@ -55,22 +61,27 @@ def _require(args: argparse.Namespace, generic: str, message: str) -> None:
 
 
 def _check_size(args: argparse.Namespace) -> None:
-    """``--size`` must be a whole number of patches of a model that can be rebound to a new size."""
-    from ..models.cards import FAMILIES
+    """``--size`` must be a size the model can take (:func:`check_size`)."""
+    check_size(args.model, args.weights, args.size)
 
-    seen = _generics_before_load(args)
+
+def check_size(model: str, weights: str | None, size: int) -> None:
+    """Refuse ``--size`` when the model cannot run at it, by :func:`kestrel.pipelines.input_rules.size_problem`:
+    the one rule of ``embed``, ``export``, ``segment`` and ``serve`` (read from config.json, before loading)."""
+    from ..pipelines.input_rules import size_problem
+    from ..runtime.load import peek
+
+    seen = peek(model, weights)
     if seen is None:
-        return
-    family, generics = seen
-    resizable = [f.name for f in FAMILIES if "Height" in f.resizable]
-    if family not in resizable:
-        raise UsageError(f"--size: {args.model} is a {family} model, which runs at its checkpoint's image size; "
-                         f"--size is for {', '.join(resizable)} models")
-    patch = generics.get("Patch")
-    if isinstance(patch, int) and args.size % patch:
-        lower, upper = max(patch, args.size // patch * patch), (args.size // patch + 1) * patch
-        raise UsageError(f"--size {args.size}: {args.model} cuts images into {patch} x {patch} patches, so the "
-                         f"size must be a multiple of {patch} (e.g. {lower} or {upper})")
+        return  # a hub model not in the cache: load binds the size and the checker refuses what does not fit
+    family, config = seen
+    try:
+        generics = family.generics(config)
+    except (KeyError, TypeError, ValueError):
+        return  # load names the problem with the config
+    problem = size_problem(family.name, family.resizable, generics, size, model=model)
+    if problem is not None:
+        raise UsageError(problem)
 
 
 def expand_paths(items: list[str]) -> list[Path]:
@@ -100,20 +111,33 @@ def _nothing_read(skipped: list[tuple[str, str]]) -> UsageError:
     return UsageError(f"none of the {len(skipped)} input image(s) could be read{first}")
 
 
-def _short(text: object, limit: int = 80) -> str:
-    """``repr`` of a user's argument, cut to ``limit`` characters (a label pasted where a path goes)."""
-    shown = repr(str(text))
-    return shown if len(shown) <= limit else shown[: limit - 5] + "...'" + f" ({len(str(text))} characters)"
+def _images(items: list[str], strict: bool = False) -> list[Path]:
+    """The image files named by ``items`` (folders expanded). Files named one by one have their header
+    read now, before any model loads: with ``strict`` the first unreadable one is refused, and when none
+    can be read the command stops here, naming the first."""
+    from ..pipelines.images import ImageError, check_image_header
+    from ..pipelines.readers import ReadError
 
-
-def _images(items: list[str]) -> list[Path]:
     paths = expand_paths(items)
     missing = [p for p in paths if not os.path.exists(p)]
     if missing:
-        raise UsageError(f"no such image file or folder: {_short(missing[0])}"
+        raise UsageError(f"no such image file or folder: {shown(missing[0])}"
                          + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     if not paths:
-        raise UsageError(f"no image files (*{', *'.join(sorted(IMAGE_SUFFIXES))}) in {', '.join(items)}")
+        raise UsageError(f"no image files (*{', *'.join(sorted(IMAGE_SUFFIXES))}) in "
+                         f"{', '.join(shown(i) for i in items)}")
+    named = {os.fspath(Path(i)) for i in items if not os.path.isdir(i)}
+    bad: list[ImageError | ReadError] = []
+    for p in paths:
+        if os.fspath(p) in named:
+            try:
+                check_image_header(p)
+            except ImageError as e:
+                if strict:
+                    raise
+                bad.append(e)
+    if bad and len(bad) == len(paths):
+        raise UsageError(f"none of the {len(paths)} input image(s) can be read; the first: {bad[0]}")
     return paths
 
 
@@ -127,7 +151,7 @@ NOT_IMAGE_TEXT = ("{command} needs an image-text model such as siglip-base-patch
 def cmd_classify(args: argparse.Namespace) -> int:
     from ..pipelines.tasks import classify
 
-    paths = _images(args.images)
+    paths = _images(args.images, strict=args.strict)
     _require(args, "Classes", NOT_A_CLASSIFIER)
     model = _load(args)
     if "Classes" not in model.generics or not model.loaded.labels:
@@ -175,7 +199,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
         raise UsageError("give image paths or --text, not both")
     if not args.text and not args.inputs:
         raise UsageError("nothing to embed: give image files or folders (or --text for a text model)")
-    paths = [] if args.text else _images(args.inputs)
+    paths = [] if args.text else _images(args.inputs, strict=args.strict)
     if args.text:
         _require(args, "MaxPositions", NOT_IMAGE_TEXT.replace("{command}", "embed --text"))
     if args.size:
@@ -220,11 +244,8 @@ def cmd_zero_shot(args: argparse.Namespace) -> int:
 
     if not args.labels:
         missing = [i for i in args.images if not os.path.exists(i)]
-        hint = f" ({_short(missing[0])} is not a file: is it a label?)" if missing else ""
+        hint = f" ({shown(missing[0])} is not a file: is it a label?)" if missing else ""
         raise UsageError(f"missing --labels{hint}; {OLD_ZERO_SHOT}")
-    empty = [k for k, label in enumerate(args.labels) if not label.strip()]
-    if empty:
-        raise UsageError(f"--labels: label {empty[0] + 1} is empty")
     from .datasets import is_dataset_out, run_dataset
 
     if is_dataset_out(args.out):
@@ -265,89 +286,99 @@ def cmd_similarity(args: argparse.Namespace) -> int:
     return 0
 
 
-def _common(p: argparse.ArgumentParser, default_model: str | None, batch: bool = True) -> None:
-    p.add_argument("--model", default=default_model, required=default_model is None, metavar="NAME|DIR",
-                   help="card name, hub id (org/name) or save_pretrained directory"
-                        + (f" (default {default_model})" if default_model else ""))
-    p.add_argument("--weights", metavar="DIR", type=types.existing_dir,
-                   help="read the card's files from DIR instead of the hub")
-    p.add_argument("--device", default="cpu", type=types.device, help="cpu (default), cuda, cuda:N or mps")
-    p.add_argument("--dtype", default="f32", choices=["f32", "bf16", "f16"], help="compute dtype (default f32)")
-    add_speed_args(p)
+def model_options(default_model: str | None, batch: bool = True) -> list[Option]:
+    """``--model``, ``--weights``, ``--device``, ``--dtype``, the speed options and (``batch``) ``--batch-size``."""
+    out = [
+        Option("--model", ModelRef(), default=default_model, required=default_model is None,
+               help="card name, hub id (org/name) or save_pretrained directory"
+                    + (f" (default {default_model})" if default_model else "")),
+        Option("--weights", ExistingDir(hint="give a folder with config.json and *.safetensors"),
+               help="read the card's files from DIR instead of the hub"),
+        Option("--device", Device(), default="cpu", help="cpu (default), cuda, cuda:N or mps"),
+        Option("--dtype", Choice(choices=("f32", "bf16", "f16")), default="f32", help="compute dtype (default f32)"),
+        *speed_options(),
+    ]
     if batch:
-        p.add_argument("--batch-size", type=types.positive_int, default=8, metavar="N",
-                       help="images per forward pass, >= 1 (default 8)")
+        out.append(Option("--batch-size", PositiveInt(4096), default=8,
+                          help="images per forward pass, 1 to 4096 (default 8)"))
+    return out
 
 
-def _strict(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--strict", action="store_true",
-                   help="stop at the first unreadable image (default: skip it, say so, and go on)")
+def speed_options() -> list[Option]:
+    """``--compile`` and ``--quantize``: the speed options of ``kestrel.load`` (README, Speed)."""
+    return [
+        Option("--compile", help="run the model under torch.compile (static shapes, inductor freezing): the first "
+                                 "call compiles (tens of seconds); pays on large inputs, see `kestrel bench DIR "
+                                 "--compile`"),
+        Option("--quantize", Choice(choices=("int8",)),
+               help="int8 dynamic quantisation of every linear layer (opt-in, not exact: README has its "
+                    "accuracy against f32)"),
+    ]
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("classify", help="label images with an image classifier",
-                       description="Print the top labels (the checkpoint's id2label) with probabilities. "
-                                   "Unreadable images are skipped and listed on stderr (see --strict).",
-                       epilog="example: kestrel classify cat.jpg --top 3 --weights ./vit-base-patch16-224")
-    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders")
-    p.add_argument("--top", type=types.positive_int, default=5, metavar="K",
-                   help="how many labels per image, >= 1 (default 5)")
-    _strict(p)
-    _common(p, "vit-base-patch16-224")
-    p.set_defaults(run=cmd_classify)
+STRICT = Option("--strict", help="stop at the first unreadable image (default: skip it, say so, and go on)")
+QUIET = Option("--quiet", help="no progress bar")
+IMAGES = Option("images", ImagePath(), nargs="+",
+                help="image files or folders")
 
-    p = sub.add_parser("embed", help="image features to a safetensors file, or a dataset to Parquet shards",
-                       description="Features of every image (class token, mean of patch tokens, or all patch "
-                                   "tokens). With --out FILE.safetensors: one tensor, saved with the image paths in "
-                                   "the file's metadata; unreadable images are skipped, listed on stderr and in the "
-                                   "metadata ('skipped'); see --strict; the output is checked before any work and "
-                                   "replaced atomically. With --out DIR: dataset mode (below).",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog=DATASET_HELP + "\nexamples:\n"
-                              "  kestrel embed photos/ --model dinov2-base --out feats.safetensors\n"
-                              "  kestrel embed photos/ --model dinov2-base --out feats/ --engine ray --workers 2\n"
-                              "  kestrel embed index.parquet --model dinov2-base --out feats/ --engine ray "
-                              "--address auto")
-    p.add_argument("inputs", nargs="*", metavar="SOURCE",
-                   help="image files or folders; in dataset mode also list files and .parquet/.csv tables")
-    p.add_argument("--text", nargs="+", metavar="TEXT", help="embed these texts instead (SigLIP)")
-    p.add_argument("--template", type=types.template, help="format each text with this template, e.g. 'a photo of {}.'")
-    p.add_argument("--out", required=True, metavar="FILE|DIR", help="FILE.safetensors: one features tensor (parent "
-                   "folders are created); DIR: Parquet shards (dataset mode)")
-    p.add_argument("--pool", default="cls", choices=["cls", "mean", "patch"], help="which features (default cls)")
-    p.add_argument("--size", type=types.positive_int, metavar="PIXELS",
-                   help="run at this square image size (DINOv2: a multiple of the patch size)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    _strict(p)
-    _common(p, None)
-    add_dataset_args(p)
-    p.set_defaults(run=cmd_embed)
+register(Command(
+    "classify", run=cmd_classify, help="label images with an image classifier",
+    description="Print the top labels (the checkpoint's id2label) with probabilities. "
+                "Unreadable images are skipped and listed on stderr (see --strict).",
+    epilog="example: kestrel classify cat.jpg --top 3 --weights ./vit-base-patch16-224",
+    options=[IMAGES,
+             Option("--top", PositiveInt(metavar="K"), default=5, help="how many labels per image, >= 1 (default 5)"),
+             STRICT, *model_options("vit-base-patch16-224")]))
 
-    p = sub.add_parser("zero-shot", help="score free-text labels against images (SigLIP)",
-                       description="Sigmoid probability that each label describes each image. SigLIP scores pairs "
-                                   "independently, so an image's probabilities need not sum to one. With --out DIR: "
-                                   "dataset mode (below), a scores column in label order and the best label.",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog=DATASET_HELP + '\nexamples:\n'
-                              '  kestrel zero-shot cat.jpg dog.png --labels "a cat" "a dog" '
-                              '--template "a photo of {}."\n'
-                              '  kestrel zero-shot photos/ --labels cat dog --out scores/ --engine ray')
-    p.add_argument("images", nargs="+", metavar="IMAGE",
-                   help="image files or folders (dataset mode: also list files and .parquet/.csv tables)")
-    p.add_argument("--labels", nargs="+", metavar="LABEL", help="the candidate labels (required)")
-    p.add_argument("--template", type=types.template, help="format each label with this template (must contain {})")
-    p.add_argument("--out", metavar="DIR", help="dataset mode: write Parquet shards to DIR")
-    p.add_argument("--quiet", action="store_true", help="no progress bar (dataset mode)")
-    _common(p, "siglip-base-patch16-224", batch=False)
-    add_dataset_args(p, batch=True)
-    p.set_defaults(run=cmd_zero_shot)
+register(Command(
+    "embed", run=cmd_embed, help="image features to a safetensors file, or a dataset to Parquet shards", raw=True,
+    description="Features of every image (class token, mean of patch tokens, or all patch "
+                "tokens). With --out FILE.safetensors: one tensor, saved with the image paths in "
+                "the file's metadata; unreadable images are skipped, listed on stderr and in the "
+                "metadata ('skipped'); see --strict; the output is checked before any work and "
+                "replaced atomically. With --out DIR: dataset mode (below).",
+    epilog=DATASET_HELP + "\nexamples:\n"
+           "  kestrel embed photos/ --model dinov2-base --out feats.safetensors\n"
+           "  kestrel embed photos/ --model dinov2-base --out feats/ --engine ray --workers 2\n"
+           "  kestrel embed index.parquet --model dinov2-base --out feats/ --engine ray --address auto",
+    options=[
+        Option("inputs", ImagePath(expect="an image file or folder; in dataset mode a list file or table too",
+                                   metavar="SOURCE"), nargs="*",
+               help="image files or folders; in dataset mode also list files and .parquet/.csv tables"),
+        Option("--text", Text(what="text"), nargs="+", help="embed these texts instead (SigLIP)"),
+        Option("--template", Template(), help="format each text with this template, e.g. 'a photo of {}.'"),
+        Option("--out", NewFileOrDir(), required=True,
+               help="FILE.safetensors: one features tensor (parent folders are created); DIR: Parquet shards "
+                    "(dataset mode)"),
+        Option("--pool", Choice(choices=("cls", "mean", "patch")), default="cls", help="which features (default cls)"),
+        Option("--size", PixelSize(), help="run at this square image size (DINOv2: a multiple of the patch size)"),
+        QUIET, STRICT, *model_options(None), *dataset_options()]))
 
-    p = sub.add_parser("similarity", help="a table of image x text scores (SigLIP)",
-                       description="Logits (scaled cosine similarity plus bias) of every image against every text.",
-                       epilog='example: kestrel similarity --images a.jpg b.jpg --texts "a cat" "a dog"')
-    p.add_argument("--images", nargs="+", required=True, metavar="IMAGE", help="image files or folders")
-    p.add_argument("--texts", nargs="+", required=True, metavar="TEXT", help="texts")
-    p.add_argument("--template", type=types.template, help="format each text with this template (must contain {})")
-    p.add_argument("--probabilities", action="store_true", help="print sigmoid probabilities instead of logits")
-    _common(p, "siglip-base-patch16-224", batch=False)
-    p.set_defaults(run=cmd_similarity)
+register(Command(
+    "zero-shot", run=cmd_zero_shot, help="score free-text labels against images (SigLIP)", raw=True,
+    description="Sigmoid probability that each label describes each image. SigLIP scores pairs "
+                "independently, so an image's probabilities need not sum to one. With --out DIR: "
+                "dataset mode (below), a scores column in label order and the best label.",
+    epilog=DATASET_HELP + '\nexamples:\n'
+           '  kestrel zero-shot cat.jpg dog.png --labels "a cat" "a dog" --template "a photo of {}."\n'
+           '  kestrel zero-shot photos/ --labels cat dog --out scores/ --engine ray',
+    options=[
+        Option("images", ImagePath(), nargs="+",
+               help="image files or folders (dataset mode: also list files and .parquet/.csv tables)"),
+        Option("--labels", Text(what="label", metavar="LABEL"), nargs="+", help="the candidate labels (required)"),
+        Option("--template", Template(), help="format each label with this template (must contain {})"),
+        Option("--out", OutDir(), help="dataset mode: write Parquet shards to DIR"),
+        Option("--quiet", help="no progress bar (dataset mode)"),
+        *model_options("siglip-base-patch16-224", batch=False), *dataset_options(batch=True)]))
+
+register(Command(
+    "similarity", run=cmd_similarity, help="a table of image x text scores (SigLIP)",
+    description="Logits (scaled cosine similarity plus bias) of every image against every text.",
+    epilog='example: kestrel similarity --images a.jpg b.jpg --texts "a cat" "a dog"',
+    options=[
+        Option("--images", ImagePath(), nargs="+", required=True,
+               help="image files or folders"),
+        Option("--texts", Text(what="text"), nargs="+", required=True, help="texts"),
+        Option("--template", Template(), help="format each text with this template (must contain {})"),
+        Option("--probabilities", help="print sigmoid probabilities instead of logits"),
+        *model_options("siglip-base-patch16-224", batch=False)]))

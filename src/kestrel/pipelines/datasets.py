@@ -15,8 +15,8 @@ Parquet file), of resuming and of retrying.
 
 from __future__ import annotations
 
-import csv
 import hashlib
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,52 +45,56 @@ def read_source(sources: str | Path | Sequence[str | Path], column: str = "path"
 
 
 def _read_one(src: Path, column: str) -> list[str]:
+    from .readers import ReadError, check_file, read_csv_column, read_parquet_column
+
     if src.is_dir():
-        return [str(p) for p in sorted(src.rglob("*")) if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()]
-    if not src.exists():
-        raise SourceError(f"source {src} does not exist")
+        found = [p for p in sorted(src.rglob("*")) if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()]
+        for p in found:
+            _check_name(p)
+        return [str(p) for p in found]
+    if not os.path.lexists(src):
+        raise SourceError(f"source {_shown(src)} does not exist")
+    try:
+        check_file(src, "source")
+    except ReadError as e:
+        raise SourceError(f"source {e}") from None
     suffix = src.suffix.lower()
     if suffix in IMAGE_SUFFIXES:
+        _check_name(src)
         return [str(src)]
-    if suffix == ".parquet":
-        return _resolve(src, _parquet_column(src, column))
-    if suffix == ".csv":
-        return _resolve(src, _csv_column(src, column))
     try:
-        lines = src.read_text().splitlines()
+        if suffix == ".parquet":
+            return _resolve(src, _non_null(src, column, read_parquet_column(src, column)))
+        if suffix == ".csv":
+            return _resolve(src, _non_null(src, column, read_csv_column(src, column)))
+    except ReadError as e:
+        raise SourceError(str(e)) from None
+    try:
+        lines = src.read_text(encoding="utf-8-sig").splitlines()
     except UnicodeDecodeError:
-        raise SourceError(f"{src} is neither an image nor a text list of paths (one per line)") from None
+        raise SourceError(f"{_shown(src)} is neither an image nor a UTF-8 text list of paths (one per line)") from None
     return _resolve(src, [s for s in (line.strip() for line in lines) if s and not s.startswith("#")])
 
 
-def _parquet_column(src: Path, column: str) -> list[str]:
-    import pyarrow.parquet as pq
+def _shown(path: str | Path) -> str:
+    return os.fsencode(os.fspath(path)).decode("utf-8", "backslashreplace")
 
+
+def _check_name(path: Path) -> None:
+    """Refuse a file name that is not valid UTF-8 (e.g. Latin-1 ``caf\\xe9.png``): the output tables store
+    paths as UTF-8 text, and such a name cannot be written or matched later."""
     try:
-        schema = pq.read_schema(src)
-    except Exception as e:
-        raise SourceError(f"cannot read {src} as Parquet: {e}") from None
-    if column not in schema.names:
-        raise SourceError(f"{src} has no column {column!r} (columns: {', '.join(schema.names)}); "
-                          "name the column of image paths with --path-column")
-    values = pq.read_table(src, columns=[column]).column(column).to_pylist()
-    return _non_null(src, column, values)
-
-
-def _csv_column(src: Path, column: str) -> list[str]:
-    with open(src, newline="") as f:
-        reader = csv.DictReader(f)
-        names = reader.fieldnames or []
-        if column not in names:
-            raise SourceError(f"{src} has no column {column!r} (columns: {', '.join(names) or 'none'}); "
-                              "name the column of image paths with --path-column")
-        return _non_null(src, column, [row[column] for row in reader])
+        os.fspath(path).encode("utf-8")
+    except UnicodeEncodeError:
+        raise SourceError(f"{_shown(path)}: the file name is not valid UTF-8; rename it (e.g. with "
+                          "`convmv -f latin1 -t utf8`) or move it out of the source folder") from None
 
 
 def _non_null(src: Path, column: str, values: list) -> list[str]:
     missing = [k for k, v in enumerate(values) if v is None or str(v).strip() == ""]
     if missing:
-        raise SourceError(f"{src}: column {column!r} is empty in {len(missing)} row(s), first at row {missing[0]}")
+        raise SourceError(f"{_shown(src)}: column {column!r} is empty in {len(missing)} row(s), "
+                          f"first at row {missing[0]}")
     return [str(v).strip() for v in values]
 
 

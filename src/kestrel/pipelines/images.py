@@ -18,7 +18,6 @@ re-implements their pipeline with the same arithmetic, step by step:
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -121,29 +120,93 @@ def check_pixels(source: PathLike | str, width: int, height: int, what: str = "t
                                  f"above the limit of {limit:,}; set KESTREL_MAX_PIXELS to allow more")
 
 
+def _open_checked(path: PathLike) -> Image.Image:
+    """``Image.open`` after refusing what must not be opened (a folder, FIFO, device, dangling link)."""
+    from .readers import ReadError, check_file
+
+    try:
+        check_file(path, "image file")
+    except ReadError as e:
+        raise ImageError(path, e.reason) from None
+    return Image.open(path)
+
+
+def _image_error(path: PathLike, exc: Exception) -> ImageError:
+    if isinstance(exc, ImageError):
+        return exc
+    if isinstance(exc, UnidentifiedImageError):
+        return ImageError(path, "not a recognised image format")
+    if isinstance(exc, OSError) and not isinstance(exc, Image.DecompressionBombError):
+        return ImageError(path, exc.strerror or str(exc))
+    return ImageError(path, str(exc) or type(exc).__name__)  # decoders raise many kinds of error
+
+
+def check_image_header(path: PathLike) -> tuple[int, int]:
+    """(width, height) from the file's header, or :class:`ImageError` (not an image, over the pixel limit)."""
+    try:
+        with _open_checked(path) as raw:
+            check_pixels(path, raw.width, raw.height)
+            if raw.width < 1 or raw.height < 1:
+                raise ImageError(path, f"it has {raw.width} x {raw.height} pixels")
+            return raw.width, raw.height
+    except Exception as exc:
+        raise _image_error(path, exc) from exc
+
+
 def load_image(path: PathLike) -> Image.Image:
     """Open an image file as an upright RGB image, as ``transformers.image_utils.load_image`` does.
 
-    The EXIF orientation is applied and the image is converted with ``convert("RGB")``, which drops an
-    alpha band. A missing or undecodable file, or one with more than :func:`max_pixels` pixels (checked from
-    the header, before decoding), raises :class:`ImageError` naming the path and the reason.
+    The EXIF orientation is applied and the image is converted to RGB: 8-bit modes with ``convert("RGB")``
+    (which drops an alpha band), 16-bit, 32-bit and float ones by scaling to 8 bits first (:func:`to_8bit`).
+    A missing, special (FIFO, device) or undecodable file, or one with more than :func:`max_pixels` pixels
+    (checked from the header, before decoding), raises :class:`ImageError` naming the path and the reason.
     """
+    return load_image_mode(path, "RGB")
+
+
+def load_image_mode(path: PathLike, mode: str) -> Image.Image:
+    """:func:`load_image` converting to ``mode`` (``"RGB"`` or ``"L"``)."""
     try:
-        with Image.open(path) as raw:
+        with _open_checked(path) as raw:
             check_pixels(path, raw.width, raw.height)
-            return ImageOps.exif_transpose(raw).convert("RGB")
-    except ImageError:
-        raise
-    except UnidentifiedImageError as exc:
-        raise ImageError(path, "not a recognised image format") from exc
-    except OSError as exc:
-        raise ImageError(path, exc.strerror or str(exc)) from exc
-    except Exception as exc:  # decoders raise many kinds of error on corrupt data
-        raise ImageError(path, str(exc) or type(exc).__name__) from exc
+            return to_8bit(ImageOps.exif_transpose(raw)).convert(mode)
+    except Exception as exc:
+        raise _image_error(path, exc) from exc
+
+
+SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I"})
+
+
+def to_8bit(image: Image.Image) -> Image.Image:
+    """An image in an 8-bit mode, with its brightness kept.
+
+    Pillow's ``convert`` clips wider integer modes at 255, so a 16-bit gray PNG (``I;16``) came out nearly
+    white. Here a 16-bit or 32-bit integer image (``I;16*``, ``I``: PNG and TIFF store 16-bit gray so) is
+    scaled from 0..65535 to 0..255 as ``round(v / 257)`` (an 8-bit image saved as 16 bits, ``v * 257``,
+    comes back exactly); values outside 0..65535 are clipped. A float image (``F``) keeps Pillow's own
+    0..255 convention, rounded and clipped. ``La`` (premultiplied) becomes ``LA``. Other modes are
+    returned as they are: ``convert`` handles them (``1``, ``L``, ``P``, ``RGB``, ``RGBA``, ``CMYK``,
+    ``YCbCr``, ``LAB``, ``HSV``, ``LA``, ``PA``, ``RGBa``, ``RGBX``).
+    """
+    if image.mode in SIXTEEN_BIT_MODES:
+        values = np.asarray(image, dtype=np.float64)
+        return Image.fromarray(np.clip(np.rint(values / 257.0), 0, 255).astype(np.uint8), mode="L")
+    if image.mode == "F":
+        values = np.nan_to_num(np.asarray(image, dtype=np.float64), nan=0.0, posinf=255.0, neginf=0.0)
+        return Image.fromarray(np.clip(np.rint(values), 0, 255).astype(np.uint8), mode="L")
+    if image.mode == "La":  # premultiplied: divide the gray by alpha
+        la = np.asarray(image, dtype=np.float64).reshape(image.height, image.width, 2)
+        alpha = la[..., 1]
+        gray = np.where(alpha > 0, la[..., 0] * 255.0 / np.maximum(alpha, 1), 0)
+        out = np.stack([np.clip(np.rint(gray), 0, 255), alpha], axis=-1).astype(np.uint8)
+        return Image.fromarray(out, mode="LA")
+    return image
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
-    """Convert to RGB, compositing any transparency onto white (the processors' ``convert_to_rgb``)."""
+    """Convert to RGB, compositing any transparency onto white (the processors' ``convert_to_rgb``);
+    16-bit and float images are scaled to 8 bits first (:func:`to_8bit`)."""
+    image = to_8bit(image)
     if "A" in image.getbands() or image.info.get("transparency") is not None:
         rgba = image.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
@@ -246,10 +309,16 @@ class ImagePreprocess:
     @classmethod
     def from_file(cls, path: PathLike) -> ImagePreprocess:
         """Read a ``preprocessor_config.json`` (or a checkpoint folder holding one)."""
+        from .readers import ReadError, read_json_object
+
         path = Path(path)
         if path.is_dir():
             path = path / "preprocessor_config.json"
-        return cls.from_config(json.loads(path.read_text()))
+        config = read_json_object(path, "preprocessor config")
+        try:
+            return cls.from_config(config)
+        except (ValueError, TypeError, KeyError) as e:
+            raise ReadError(path, f"not a usable image processor config: {e}") from None
 
     @property
     def output_size(self) -> tuple[int, int]:

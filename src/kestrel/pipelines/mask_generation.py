@@ -73,6 +73,19 @@ def crop_boxes(size: tuple[int, int], crops_n_layers: int, overlap_ratio: float)
     return boxes, layers
 
 
+def check_crops(width: int, height: int, crops_n_layers: int, overlap_ratio: float = 512 / 1500) -> None:
+    """Refuse ``crops_n_layers`` when an image of ``width x height`` is too small for every crop to hold a pixel."""
+    from .input_rules import InputRuleError
+
+    crops, layers = crop_boxes((height, width), crops_n_layers, overlap_ratio)
+    empty = next((layer for box, layer in zip(crops, layers) if box[2] <= box[0] or box[3] <= box[1]), None)
+    if empty is not None:
+        side = 2 ** empty
+        raise InputRuleError(f"--crops-n-layers {crops_n_layers}: the image is {width} x {height} pixels, too small "
+                             f"to cut into {side} x {side} crops (layer {empty} would have empty crops); use a "
+                             "lower --crops-n-layers")
+
+
 def stability_score(logits: torch.Tensor, threshold: float, offset: float) -> torch.Tensor:
     """Area above ``threshold + offset`` over area above ``threshold - offset``, per mask."""
     inter = (logits > threshold + offset).sum(-1, dtype=torch.int16).sum(-1, dtype=torch.int32)
@@ -140,12 +153,16 @@ def generate_masks(segmenter: Any, image: Any, points_per_side: int = 32, points
     from tqdm import tqdm
 
     from .images import load_image, to_rgb
+    from .input_rules import InputRuleError
 
     if points_per_side < 1 or points_per_batch < 1:
-        raise ValueError(f"points_per_side and points_per_batch must be positive, got {points_per_side}, "
-                         f"{points_per_batch}")
+        raise InputRuleError(f"points_per_side and points_per_batch must be positive, got {points_per_side}, "
+                             f"{points_per_batch}")
+    if crops_n_layers < 0:
+        raise InputRuleError(f"crops_n_layers must be 0 or more, got {crops_n_layers}")
     photo = to_rgb(image if isinstance(image, Image.Image) else load_image(image))
     size = (photo.height, photo.width)
+    check_crops(photo.width, photo.height, crops_n_layers, crop_overlap_ratio)
     crops, layers = crop_boxes(size, crops_n_layers, crop_overlap_ratio)
     grids = [point_grid(int(points_per_side / crop_n_points_downscale_factor ** i)) for i in range(crops_n_layers + 1)]
     longest = segmenter.processor.longest_edge

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .images import ImagePreprocess, ImageSource, load_image, to_rgb
+from .input_rules import check_prompts_inside
 from .sam_processing import Prompt, PromptError
 from .segment import Decoded, ImageEmbedding, model_revision
 
@@ -76,6 +77,7 @@ class Sam2Segmenter:
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """All four masks ``[4, 4E, 4E]``, IoUs ``[4]`` and the object-score logit ``[1]`` of one prompt."""
         prompt.check()
+        check_prompts_inside([prompt], embedding.original_size[1], embedding.original_size[0])
         m, t = self.model, embedding.tensors
         emb, hr0, hr1 = t["image_embeddings"], t["hr0"], t["hr1"]
         pts = [self.to_frame(p, embedding.original_size) for p in prompt.points]

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ from PIL import Image
 
 from ..errors import KestrelError
 from .images import RESAMPLE, ImageSource, load_image, to_rgb
+from .input_rules import check_prompts_inside
 
 LABELS = {1: "foreground", 0: "background", -1: "not a point", -10: "padding (ignored)"}
 PAD = -10  # the processor's point_pad_value
@@ -80,9 +80,15 @@ class SamImageProcessor:
     @classmethod
     def from_dir(cls, directory: str | os.PathLike[str] | None) -> SamImageProcessor:
         path = Path(directory) / "preprocessor_config.json" if directory is not None else None
-        if path is None or not path.is_file():
+        if path is None or not os.path.lexists(path):
             return cls()
-        return cls.from_config(json.loads(path.read_text()))
+        from .readers import ReadError, read_json_object
+
+        config = read_json_object(path, "preprocessor config")
+        try:
+            return cls.from_config(config)
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            raise ReadError(path, f"not a usable SAM image processor config: {e}") from None
 
     def __call__(self, image: ImageSource | np.ndarray) -> SamImage:
         if isinstance(image, np.ndarray):
@@ -203,6 +209,7 @@ def prompt_tensors(prompts: Sequence[Prompt], original_size: tuple[int, int],
         raise PromptError("no prompt: give at least one point or box")
     for i, p in enumerate(prompts):
         p.check(f"prompt {i}" if len(prompts) > 1 else "prompt")
+    check_prompts_inside(prompts, original_size[1], original_size[0])  # refused, not clipped: input_rules
     with_box = [p.box is not None for p in prompts]
     if any(with_box) and not all(with_box):
         missing = with_box.index(False)

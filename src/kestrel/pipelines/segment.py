@@ -212,7 +212,13 @@ def load_embedding(path: str | os.PathLike[str], segmenter: Segmenter, digest: s
     """Read an embedding written by :func:`save_embedding`; refuse one of another model, revision or image."""
     from safetensors import safe_open
 
+    from .readers import ReadError, check_safetensors
+
     path = Path(path)
+    try:
+        check_safetensors(path)  # a FIFO, a folder, a cut or foreign file: named before safetensors reads it
+    except ReadError as e:
+        raise EmbeddingError(f"{e.path}: not a readable safetensors embeddings file ({e.reason})") from None
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}

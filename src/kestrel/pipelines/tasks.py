@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,8 +17,8 @@ def preprocess_for(model: Block) -> ImagePreprocess:
     """The checkpoint's image preprocessing, sized to the model's bound ``Height`` x ``Width``."""
     loaded = model.loaded  # type: ignore[attr-defined]
     path = Path(loaded.directory) / "preprocessor_config.json"
-    cfg = json.loads(path.read_text()) if path.is_file() else loaded.family.preprocess
-    pre = ImagePreprocess.from_config(cfg)
+    pre = ImagePreprocess.from_file(path) if os.path.lexists(path) else ImagePreprocess.from_config(
+        loaded.family.preprocess)
     size = (model.generics["Height"], model.generics["Width"])
     try:
         native = pre.output_size

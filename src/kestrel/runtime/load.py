@@ -23,6 +23,7 @@ from ..types.dtypes import DType, dtype_named
 from .allocator import retain_freed_memory
 from .checkpoint import CheckpointError, Expected, load_tensors, plan_load, read_headers, safetensors_dtype
 from .hub import fetch
+from .sizes import override_problem
 
 
 @dataclass
@@ -169,6 +170,9 @@ def _bind(family: Family, config: dict, dtype: Any, overrides: dict[str, Any], d
     if bad:
         allowed = ", ".join(family.resizable) or "none"
         raise CardError(f"{family.name} cannot rebind {', '.join(bad)} at load (rebindable: {allowed})")
+    problem = override_problem(family.name, bound, overrides)  # the size rule of runtime/sizes.py
+    if problem is not None:
+        raise CardError(problem)
     if overrides and family.rebind is not None:
         try:
             bound = family.rebind(config, overrides)

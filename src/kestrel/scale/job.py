@@ -38,7 +38,6 @@ def run_job(spec: JobSpec, sources: str | Path | Sequence[str | Path], out: str 
     cluster at ``address`` or on a Ray started on this machine for the run. Shards already in ``out``
     are skipped; ``on_shard`` is called after each shard is written.
     """
-    from tqdm import tqdm
 
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
@@ -48,6 +47,21 @@ def run_job(spec: JobSpec, sources: str | Path | Sequence[str | Path], out: str 
         spec = resolve_revision(spec)
     output = DatasetOutput(out, spec, shards, fingerprint(paths), shard_size)
     todo = output.open()
+    try:
+        manifest = _run(spec, engine, output, shards, todo, len(paths), workers, address, threads, progress,
+                        on_shard)
+    except BaseException:
+        output.discard_if_new()  # a failed first run leaves no folder behind (a resumable one stays)
+        raise
+    return JobSummary(Path(out), len(shards), len(shards) - len(todo), manifest["rows"], manifest["failures"],
+                      manifest)
+
+
+def _run(spec: JobSpec, engine: str, output: DatasetOutput, shards: list[Shard], todo: list[Shard], images: int,
+         workers: int | None, address: str | None, threads: int | None, progress: bool,
+         on_shard: Callable[[Shard, ShardResult], None] | None) -> dict:
+    from tqdm import tqdm
+
     if engine == "local":
         from .local import run_local
 
@@ -57,8 +71,7 @@ def run_job(spec: JobSpec, sources: str | Path | Sequence[str | Path], out: str 
 
         results = run_ray(spec, todo, workers=workers, address=address, threads=threads)
     done_images = sum(len(s.paths) for s in shards) - sum(len(s.paths) for s in todo)
-    bar = tqdm(total=len(paths), initial=done_images, unit="img", desc=f"{spec.task} ({engine})",
-               disable=not progress)
+    bar = tqdm(total=images, initial=done_images, unit="img", desc=f"{spec.task} ({engine})", disable=not progress)
     try:
         for shard, result in results:
             output.write(shard, result)
@@ -69,6 +82,4 @@ def run_job(spec: JobSpec, sources: str | Path | Sequence[str | Path], out: str 
         bar.close()
         if hasattr(results, "close"):
             results.close()
-    manifest = output.finish()
-    return JobSummary(Path(out), len(shards), len(shards) - len(todo), manifest["rows"], manifest["failures"],
-                      manifest)
+    return output.finish()

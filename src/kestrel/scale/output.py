@@ -36,12 +36,18 @@ class OutputError(KestrelError, ValueError):
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it to ``path``."""
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it to ``path``.
+
+    The file gets the permissions the umask gives a new file (``0o666 & ~umask``), as any other program's
+    output would, not ``mkstemp``'s private 0600."""
+    from ..runtime.output import umask
+
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         write(Path(tmp))
+        os.chmod(tmp, 0o666 & ~umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -77,6 +83,7 @@ class DatasetOutput:
         elif self.dir.is_dir() and any(self.dir.iterdir()):
             raise OutputError(f"--out {self.dir} is a non-empty folder without a {MANIFEST}; "
                               "give a new or empty folder")
+        self.created = not os.path.lexists(self.dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         for stale in self.dir.glob(".*.tmp"):  # left by a run that was killed mid-write
             stale.unlink(missing_ok=True)
@@ -84,6 +91,15 @@ class DatasetOutput:
             stale.unlink(missing_ok=True)
         self._write_manifest(complete=False)
         return [s for s in self.shards if not self.shard_path(s).is_file()]
+
+    def discard_if_new(self) -> None:
+        """After a failed run: remove the folder if this run created it and finished no shard in it.
+
+        A folder that existed before, or holds a finished shard (which a rerun resumes from), is kept."""
+        import shutil
+
+        if getattr(self, "created", False) and not any(self.shard_path(s).is_file() for s in self.shards):
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def _check_same_job(self, old: dict[str, Any]) -> None:
         if old.get("format") != FORMAT:

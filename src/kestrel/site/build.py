@@ -11,7 +11,6 @@ Everything on a page is derived from the declarations, the checked graphs and th
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -150,12 +149,9 @@ TASKS: list[tuple[str, str, Callable[[set[str], set[str]], bool]]] = [
 
 def served_tasks(root: type[Block]) -> list[tuple[str, str]]:
     """The ``kestrel`` commands that run this program (only those the installed CLI has)."""
-    from ..cli.main import build_parser
+    from ..cli.commands import command_names  # the commands' public declarations, not argparse internals
 
-    commands: set[str] = set()
-    for action in build_parser()._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            commands |= set(action.choices)
+    commands = command_names()
     decl = root.decl()
     entries = {fn.name for fn in decl.entries}
     generics = {g.name for g in decl.generics}

@@ -145,7 +145,12 @@ class App:
         if not manifest_path.is_file():
             raise ServeError(f"{self.export_dir}: no manifest.json; make one with "
                              f"`kestrel export sam2.1-hiera-tiny --target onnx --size 512 --out {self.export_dir}`")
-        manifest = json.loads(manifest_path.read_text())
+        from ..pipelines.readers import read_json_object
+
+        manifest = read_json_object(manifest_path, "manifest.json")
+        if not isinstance(manifest.get("files"), dict):  # a ViT's plain ONNX export lists its files as rows
+            raise ServeError(f"{manifest_path}: not a SAM 2.1 edge export (no table of files); make one with "
+                             "`kestrel export sam2.1-hiera-tiny --target onnx --size 512 --out DIR`")
         self.routes["/"] = STATIC / "index.html"
         for f in STATIC.iterdir():
             if f.is_file():
@@ -164,8 +169,11 @@ class App:
             self.routes[f"/export/{name}"] = path
 
     def config(self) -> dict[str, Any]:
+        from ..pipelines.input_rules import as_json
+
         return {"encode": self.encode, "manifest": "/export/manifest.json",
-                "max_upload_bytes": self.max_upload_bytes, "max_upload_pixels": self.max_upload_pixels}
+                "max_upload_bytes": self.max_upload_bytes, "max_upload_pixels": self.max_upload_pixels,
+                "rules": as_json()}  # the prompt and size rules the page applies (kestrel.pipelines.input_rules)
 
 
 class Handler(BaseHTTPRequestHandler):
