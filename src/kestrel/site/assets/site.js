@@ -1,4 +1,4 @@
-// Kestrel registry: the theme switch, graph zoom, and the search over models, entries and blocks.
+// Kestrel registry: the theme switch, graph pan and zoom, and the search over models, entries and blocks.
 (function () {
   'use strict';
   var root = document.documentElement;
@@ -16,13 +16,48 @@
     });
   }
 
-  document.querySelectorAll('figure.graph button.zoom').forEach(function (button) {
-    button.addEventListener('click', function () {
-      var box = button.closest('figure').querySelector('.kg');
-      var actual = box.classList.toggle('actual');
-      button.textContent = actual ? 'Fit to page' : 'Actual size';
+  // Graphs: each opens fitted whole in its box (the SVG's viewBox does that without any script); with
+  // svg-pan-zoom (npm, copied in at build time) it pans by dragging and zooms by the wheel, the buttons
+  // and the keys + - 0 1 and the arrows once the box has focus.
+  function setUpGraph(figure) {
+    var box = figure.querySelector('.kg');
+    var svg = box && box.querySelector('svg.kg-svg');
+    if (!svg) { return; }
+    if (typeof window.svgPanZoom !== 'function') {
+      figure.querySelectorAll('[data-zoom]').forEach(function (b) { b.disabled = true; });
+      return;
+    }
+    var pz = window.svgPanZoom(svg, {
+      zoomEnabled: true, panEnabled: true, controlIconsEnabled: false, fit: true, center: true,
+      minZoom: 0.25, maxZoom: 60, zoomScaleSensitivity: 0.25, dblClickZoomEnabled: true,
+      mouseWheelZoomEnabled: true, preventMouseEventsDefault: false,
     });
-  });
+    figure.panZoom = pz;  // read by the browser tests
+    function fit() { pz.resize(); pz.fit(); pz.center(); }
+    var actions = {
+      in: function () { pz.zoomIn(); }, out: function () { pz.zoomOut(); }, fit: fit,
+      actual: function () { pz.zoom(pz.getZoom() / pz.getSizes().realZoom); pz.center(); },  // 1 SVG unit = 1 px
+    };
+    figure.querySelectorAll('[data-zoom]').forEach(function (button) {
+      button.addEventListener('click', function () { actions[button.getAttribute('data-zoom')](); box.focus(); });
+    });
+    box.addEventListener('keydown', function (e) {
+      var step = 60;
+      var keys = { '+': actions.in, '=': actions.in, '-': actions.out, '_': actions.out, '0': fit, '1': actions.actual,
+        ArrowLeft: function () { pz.panBy({ x: step, y: 0 }); }, ArrowRight: function () { pz.panBy({ x: -step, y: 0 }); },
+        ArrowUp: function () { pz.panBy({ x: 0, y: step }); }, ArrowDown: function () { pz.panBy({ x: 0, y: -step }); } };
+      var act = keys[e.key];
+      if (act && !e.ctrlKey && !e.metaKey && !e.altKey) { e.preventDefault(); act(); }
+    });
+    // a link inside the graph (a block's listing) is followed on a click, not on the end of a drag
+    var down = null;
+    svg.addEventListener('mousedown', function (e) { down = [e.clientX, e.clientY]; });
+    svg.addEventListener('click', function (e) {
+      if (down && Math.hypot(e.clientX - down[0], e.clientY - down[1]) > 4) { e.preventDefault(); }
+    }, true);
+    window.addEventListener('resize', fit);
+  }
+  document.querySelectorAll('figure.graph').forEach(setUpGraph);
 
   var data = document.getElementById('search-index');
   var input = document.getElementById('q');
