@@ -35,6 +35,7 @@ from ..inspect.printer import format_block, format_signature, listed_blocks
 from ..models.cards import CARDS, Card
 from ..types.dtypes import DTypeKind
 from .charts import bench_charts
+from .edge import edge_section, has_edge_split
 
 ASSETS = ("site.css", "site.js")
 PAN_ZOOM = "svg-pan-zoom.min.js"  # npm's svg-pan-zoom (web/package.json), copied in at build time
@@ -216,10 +217,11 @@ def model_page(card: Card, program: Program, bench: list[dict[str, Any]] | None)
     bound = bind_generics(decl, card.generics())
     parts: list[str] = [f'<h1>{escape(card.title)}</h1>\n<p class="sub"><code>{escape(card.name)}</code> · '
                         f"<code>{escape(decl.qualname)}</code> · {escape(card.family.description)}</p>"]
-    parts.append('<nav class="toc">' + " ".join(
-        f'<a href="#{a}">{t}</a>' for a, t in [("preview", "Graph"), ("entries", "Entries"), ("generics", "Generics"),
-                                              ("blocks", "Blocks"), ("card", "Card"), ("parameters", "Parameters"),
-                                              ("graphs", "Entry graphs"), ("benchmarks", "Benchmarks")]) + "</nav>")
+    edge = has_edge_split(card)
+    toc = [("preview", "Graph"), ("entries", "Entries"), ("generics", "Generics"), ("blocks", "Blocks"),
+           ("card", "Card"), ("parameters", "Parameters"), ("graphs", "Entry graphs"),
+           *([("edge-split", "Edge split (512)")] if edge else []), ("benchmarks", "Benchmarks")]
+    parts.append('<nav class="toc">' + " ".join(f'<a href="#{a}">{t}</a>' for a, t in toc) + "</nav>")
     parts.append(_graph_figure(card, main_entry, program.svgs[main_entry], "preview", _preview_caption(main_entry)))
 
     parts.append('<section id="entries">\n<h2>Entries</h2>')
@@ -258,6 +260,8 @@ def model_page(card: Card, program: Program, bench: list[dict[str, Any]] | None)
         parts.append(_graph_figure(card, fn.name, program.svgs[fn.name], fid, _preview_caption(fn.name)))
     parts.append("</section>")
 
+    if edge:
+        parts.append(edge_section(card, root))
     parts.append('<section id="benchmarks">\n<h2>Benchmarks</h2>')
     charts = bench_charts(bench, card.family.name) if bench else ""
     parts.append(charts or "<p>No benchmark results for this model: <code>bench/run.py</code> does not measure "

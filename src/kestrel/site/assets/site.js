@@ -30,8 +30,15 @@
     var pz = window.svgPanZoom(svg, {
       zoomEnabled: true, panEnabled: true, controlIconsEnabled: false, fit: true, center: true,
       minZoom: 0.25, maxZoom: 60, zoomScaleSensitivity: 0.25, dblClickZoomEnabled: true,
-      mouseWheelZoomEnabled: true, preventMouseEventsDefault: false,
+      mouseWheelZoomEnabled: false, preventMouseEventsDefault: false,
     });
+    // the wheel zooms about the pointer, by the wheel's distance (lines or pixels)
+    box.addEventListener('wheel', function (e) {
+      e.preventDefault();
+      var pixels = e.deltaY * (e.deltaMode === 1 ? 16 : e.deltaMode === 2 ? 400 : 1);
+      var rect = svg.getBoundingClientRect();
+      pz.zoomAtPointBy(Math.exp(-pixels * 0.0015), { x: e.clientX - rect.left, y: e.clientY - rect.top });
+    }, { passive: false });
     figure.panZoom = pz;  // read by the browser tests
     function fit() { pz.resize(); pz.fit(); pz.center(); }
     var actions = {
