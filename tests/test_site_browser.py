@@ -163,8 +163,8 @@ def _check_page_reads_at_a_glance(page, path: str) -> None:
     cut = page.eval_on_selector_all("pre", "els => els.filter(e => e.scrollWidth > e.clientWidth + 1)"
                                            ".map(e => e.textContent.slice(0, 60))")
     assert not cut, f"{path}: listings cut: {cut[:3]}"
-    if path == "index.html":  # card names on one line each
-        wrapped = page.eval_on_selector_all("table.models td:first-child a",
+    if path == "index.html":  # card names and checkpoints on one line each
+        wrapped = page.eval_on_selector_all("table.models td:first-child a, table.models td:nth-child(3) code",
                                             "els => els.filter(a => a.getClientRects().length > 1 || "
                                             "a.getBoundingClientRect().height > 30).map(a => a.textContent)")
         assert not wrapped, f"card names wrap: {wrapped}"
@@ -311,6 +311,25 @@ def test_graphs_pan_and_zoom_and_open_block_listings(browser, site_url):
     page.wait_for_function("location.hash.startsWith('#b-')")
     target = page.evaluate("location.hash")
     assert target == "#b-sam--TwoWayTransformer" and _below_header(page, target + " h3")
+    # blocks collapse to one node each, fitted whole again, and expand back
+    expanded = fig.locator("svg.kg-svg g.node").count()
+    fig.locator("button.level").click()
+    page.wait_for_function("document.querySelector('#graph-decode_points button.level').textContent"
+                           " === 'Expand blocks'")
+    collapsed = fig.locator("svg.kg-svg g.node").count()
+    assert 0 < collapsed < expanded / 2 and fig.evaluate(FITTED_JS)[1] >= 0.95
+    assert fig.locator("svg.kg-svg g.cluster").count() == 0
+    fig.locator("button.level").click()
+    assert fig.locator("svg.kg-svg g.node").count() == expanded and fig.evaluate(FITTED_JS)[1] >= 0.95
+    # collapsed, encode_image is one call of the vision encoder, which links to its listing
+    preview = page.locator("#preview")
+    preview.locator("button.level").click()
+    page.wait_for_function("document.querySelector('#preview button.level').textContent === 'Expand blocks'")
+    encoder = preview.locator("svg.kg-svg a", has=page.locator("text", has_text="vision_encoder")).first
+    assert encoder.get_attribute("xlink:href") == "#b-sam--VisionEncoder"
+    encoder.click()
+    page.wait_for_function("location.hash === '#b-sam--VisionEncoder'")
+    assert _below_header(page, "#b-sam--VisionEncoder h3")
     assert not problems, "\n".join(problems)
     page.close()
 

@@ -18,7 +18,7 @@ import re
 import shutil
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from html import escape
 from importlib import resources
 from pathlib import Path
@@ -60,7 +60,8 @@ class Program:
 
     root: type[Block]
     report: Report
-    svgs: dict[str, str]  # entry -> inline SVG
+    svgs: dict[str, str]  # entry -> SVG, block calls expanded one level (what the page opens with)
+    collapsed: dict[str, str] = field(default_factory=dict)  # entry -> SVG with every block call one node
 
 
 # -------------------------------------------------------------------------------------- helpers
@@ -189,16 +190,19 @@ def _preview_caption(entry: str) -> str:
             f"checker inferred at that point, in the model's own generics.")
 
 
-def _graph_figure(card: Card, entry: str, svg: str, fig_id: str, caption: str) -> str:
+def _graph_figure(card: Card, entry: str, svg: str, fig_id: str, caption: str, top: bool = False) -> str:
     href = f"../graphs/{card.name}.{entry}.svg"
     width, height = _svg_size(svg)
     # the box: the page's width, as tall as the graph needs up to 72% of the window (the whole graph is
-    # fitted into it; zoom for detail)
-    box = f"height: min(72vh, {max(height, 160):.0f}px)"
+    # fitted into it; zoom for detail); the preview under the page's title ends within the first screen
+    window = "max(320px, 100vh - 260px)" if top else "72vh"
+    box = f"height: min({window}, {max(height, 160):.0f}px)"
     tools = ('<button type="button" data-zoom="in" aria-label="zoom in" title="zoom in (+)">+</button>'
              '<button type="button" data-zoom="out" aria-label="zoom out" title="zoom out (-)">&#8722;</button>'
              '<button type="button" data-zoom="fit" title="fit the whole graph (0)">Fit</button>'
              '<button type="button" data-zoom="actual" title="natural size (1)">Actual size</button>'
+             f'<button type="button" class="level" data-collapsed="../graphs/{card.name}.{entry}.collapsed.svg" '
+             'title="every block call as one node, or expanded one level">Collapse blocks</button>'
              '<span class="hint">drag to pan · wheel, +/− or the keys + − 0 1 and arrows to zoom and move · '
              'click a block to open its listing</span>')
     return (f'<figure class="graph" id="{fig_id}" data-width="{width:.0f}" data-height="{height:.0f}">\n'
@@ -222,7 +226,8 @@ def model_page(card: Card, program: Program, bench: list[dict[str, Any]] | None)
            ("card", "Card"), ("parameters", "Parameters"), ("graphs", "Entry graphs"),
            *([("edge-split", "Edge split (512)")] if edge else []), ("benchmarks", "Benchmarks")]
     parts.append('<nav class="toc">' + " ".join(f'<a href="#{a}">{t}</a>' for a, t in toc) + "</nav>")
-    parts.append(_graph_figure(card, main_entry, program.svgs[main_entry], "preview", _preview_caption(main_entry)))
+    parts.append(_graph_figure(card, main_entry, program.svgs[main_entry], "preview", _preview_caption(main_entry),
+                               top=True))
 
     parts.append('<section id="entries">\n<h2>Entries</h2>')
     parts.append(_table(["Entry", "Signature"],
@@ -359,17 +364,17 @@ def _programs(cards: list[Card], progress: bool) -> dict[str, Program]:
     reports: dict[type[Block], Report] = {}
     for root in by_root:
         reports[root] = check_program(root)
-        jobs += [(root, fn.name) for fn in root.decl().entries]
+        jobs += [(root, fn.name, level) for fn in root.decl().entries for level in (1, 0)]
 
     listed = {root: {b.qualname for b in listed_blocks(root)} for root in by_root}
 
-    def draw(job: tuple[type[Block], str]) -> str:
-        root, entry = job
+    def draw(job: tuple[type[Block], str, int]) -> str:
+        root, entry, level = job
 
         def link(qualname: str) -> str | None:  # a block call opens the block's listing on the page
             return f"#{block_anchor(qualname)}" if qualname in listed[root] else None
 
-        return render(entry_diagram(root, entry, report=reports[root]), "svg", link=link).decode()
+        return render(entry_diagram(root, entry, level, report=reports[root]), "svg", link=link).decode()
 
     from tqdm import tqdm
 
@@ -378,9 +383,10 @@ def _programs(cards: list[Card], progress: bool) -> dict[str, Program]:
                          disable=not progress))
     out: dict[str, Program] = {}
     for root, group in by_root.items():
-        entries = {e: svg for (r, e), svg in zip(jobs, svgs) if r is root}
+        entries = {e: svg for (r, e, level), svg in zip(jobs, svgs) if r is root and level == 1}
+        collapsed = {e: svg for (r, e, level), svg in zip(jobs, svgs) if r is root and level == 0}
         for card in group:
-            out[card.name] = Program(root, reports[root], entries)
+            out[card.name] = Program(root, reports[root], entries, collapsed)
     return out
 
 
@@ -448,9 +454,10 @@ def build_site(out: Path, models: list[str] | None = None, bench: Path | None = 
     for card in cards:
         program = programs[card.name]
         (tmp / "models" / f"{card.name}.html").write_text(model_page(card, program, results))
-        for entry, svg in program.svgs.items():  # block links point at the model page from here
-            svg = svg.replace('xlink:href="#b-', f'xlink:href="../models/{card.name}.html#b-')
-            (tmp / "graphs" / f"{card.name}.{entry}.svg").write_text(svg)
+        for suffix, svgs in (("", program.svgs), (".collapsed", program.collapsed)):
+            for entry, svg in svgs.items():  # block links point at the model page from here
+                svg = svg.replace('xlink:href="#b-', f'xlink:href="../models/{card.name}.html#b-')
+                (tmp / "graphs" / f"{card.name}.{entry}{suffix}.svg").write_text(svg)
         pages.append(out / "models" / f"{card.name}.html")
     if out.exists():
         if not (out / "index.html").exists() and any(out.iterdir()):

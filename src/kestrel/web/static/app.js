@@ -129,9 +129,9 @@ async function openImage(file) {
   $('overlay').height = bitmap.height;
   const ctx = canvas.getContext('2d', { willReadFrequently: true });
   ctx.drawImage(bitmap, 0, 0);
-  bitmap.close?.();
   state.width = bitmap.width;
   state.height = bitmap.height;
+  bitmap.close?.();
   state.image = file;
   state.prompt = { points: [], box: null };
   state.history = [];
