@@ -333,3 +333,19 @@ def test_bad_files_are_refused_with_their_name_and_cause(servers, edge, encode, 
             page.screenshot(path=str(tmp_path / f"refused_{encode}.png"))
         finally:
             browser.close()
+
+
+def test_the_site_describes_the_split_the_export_writes(edge):
+    """SAM 2.1's site page derives the two programs' ports from the entries; a real export agrees."""
+    import kestrel
+    from kestrel.site.edge import split_programs
+
+    model_dir, export, _ = edge
+    model = kestrel.load(str(model_dir), E=SIZE // 16)
+    manifest = json.loads((export / "manifest.json").read_text())
+    written = {name.rsplit(".", 1)[0]: spec for name, spec in manifest["export"]["programs"].items()}
+    described = split_programs(type(model), model.generics["Hd"], SIZE // 16, written["sam2_decoder"]["prompt_tokens"])
+    for program in described:
+        spec = written[program["name"]]
+        assert [(p["name"], p["shape"]) for p in spec["inputs"]] == [(n, s) for n, s in program["inputs"]]
+        assert [(p["name"], p["shape"]) for p in spec["outputs"]] == [(n, s) for n, s in program["outputs"]]

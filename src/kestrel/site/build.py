@@ -203,8 +203,8 @@ def _graph_figure(card: Card, entry: str, svg: str, fig_id: str, caption: str, t
              '<button type="button" data-zoom="actual" title="natural size (1)">Actual size</button>'
              f'<button type="button" class="level" data-collapsed="../graphs/{card.name}.{entry}.collapsed.svg" '
              'title="every block call as one node, or expanded one level">Collapse blocks</button>'
-             '<span class="hint">drag to pan · wheel, +/− or the keys + − 0 1 and arrows to zoom and move · '
-             'click a block to open its listing</span>')
+             '<span class="hint">drag: pan · wheel, + −, keys + − 0 1 ← → ↑ ↓: zoom, move · '
+             'a block: its listing</span>')
     return (f'<figure class="graph" id="{fig_id}" data-width="{width:.0f}" data-height="{height:.0f}">\n'
             f'<div class="graph-tools">{tools}<a href="{href}">Open the SVG</a></div>\n'
             f'<div class="kg" tabindex="0" aria-label="graph of {escape(entry)}: drag to pan, + and - to zoom" '
