@@ -435,7 +435,8 @@ function wire() {
   $('download').addEventListener('click', downloadMask);
   $('show-mask').addEventListener('change', (e) => { state.showMask = e.target.checked; draw(); });
   document.addEventListener('keydown', (e) => {
-    if (e.key === 'm' && !e.ctrlKey && !e.metaKey && !e.altKey && e.target.tagName !== 'INPUT') {
+    const typing = e.target.matches?.('input:not([type=checkbox]):not([type=file]), textarea');
+    if (e.key === 'm' && !e.ctrlKey && !e.metaKey && !e.altKey && !typing) {
       $('show-mask').checked = !$('show-mask').checked;
       state.showMask = $('show-mask').checked;
       draw();
