@@ -39,6 +39,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-quic", "--no-first-run", "--disable-
 BACKENDS = {"wasm": ["--disable-gpu"], "webgpu": ["--enable-unsafe-webgpu", "--use-webgpu-adapter=swiftshader"]}
 SIZE = 512
 LATENCY = Path(__file__).resolve().parent / "artifacts" / "web_latency.json"
+SHOTS = Path(os.environ.get("KESTREL_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "build" /
+                            "test-artifacts")) / "web"
 
 
 def photo(width: int = 640, height: int = 480) -> np.ndarray:
@@ -196,7 +198,8 @@ def test_segment_in_the_browser(servers, edge, reference, backend, encode, tmp_p
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS + BACKENDS[backend])
         try:
-            page = browser.new_page(viewport={"width": 1000, "height": 800})
+            scheme = "light" if backend == "wasm" else "dark"  # a screenshot in each theme
+            page = browser.new_page(viewport={"width": 1000, "height": 800}, color_scheme=scheme)
             page.on("console", lambda m: m.type == "error" and console_errors.append(m.text))
             page.on("pageerror", lambda e: console_errors.append(str(e)))
             page.goto(f"{servers[encode]}?backend={backend}")
@@ -219,7 +222,8 @@ def test_segment_in_the_browser(servers, edge, reference, backend, encode, tmp_p
             page.wait_for_function("window.kestrel.decode === null")
             ui.drag(150, 90, 420, 300)               # a box around the red object
             third = ui.decoded(3)
-            page.screenshot(path=str(tmp_path / f"segment_{backend}.png"))
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SHOTS / f"segment_{backend}.{scheme}.png"))
         finally:
             browser.close()
 
@@ -297,7 +301,8 @@ def test_a_click_on_a_new_image_is_decoded_against_that_image(servers, edge, ref
             page.wait_for_function("document.getElementById('status').textContent.startsWith('encoding b.png')")
             state = ui.decoded(1)
             assert state["waited"] == 1, "the click came after B was encoded: no race was tested"
-            page.screenshot(path=str(tmp_path / "race.png"))
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SHOTS / "segment_race.png"))
         finally:
             browser.close()
     got = np.array(state["mask"], dtype=bool).reshape(height, width)
@@ -350,7 +355,8 @@ def test_bad_files_are_refused_with_their_name_and_cause(servers, edge, encode, 
                 assert status.startswith("error: " + words), (name, status)
                 assert page.evaluate("window.kestrel.encodeMs === null && window.kestrel.decode === null")
                 page.evaluate("document.getElementById('status').className = ''")
-            page.screenshot(path=str(tmp_path / f"refused_{encode}.png"))
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SHOTS / f"segment_refused_{encode}.png"))
         finally:
             browser.close()
 
