@@ -25,7 +25,9 @@ def test_vit_forward_expands_one_level_with_model_level_types():
     d = entry_diagram(vit.Model, "forward")
     assert d.node(d.edges[0][0]).kind in ("input", "param")
     assert [n.label for n in d.nodes if n.kind == "input"] == ["image"]
-    assert [n.label for n in d.nodes if n.kind == "output"] == ["result"]
+    # the result is named (after the entry, its return being a call) and carries its declared type
+    assert [(n.label, n.detail) for n in d.nodes if n.kind == "output"] == [
+        (fn.name, fn.result.format(vit.Model.decl().order)) for fn in vit.Model.decl().entries if fn.name == "forward"]
     # the layer loop is one group, marked with its count in the model's generics
     loops = [c for c in d.clusters.values() if c.kind == "loop"]
     assert [c.caption for c in loops] == ["layers[i]: EncoderLayer<D, Heads, Inner, T>.forward   x Layers"]
@@ -171,3 +173,17 @@ def test_unknown_entry_or_format_is_a_clear_error(tmp_path):
     assert main(["diagram", "vit-base-patch16-224", "-o", str(tmp_path / "x.pdf")]) == 2
     assert not (tmp_path / "x.pdf").exists()
 
+
+
+def test_results_are_named_after_what_the_entry_returns():
+    from kestrel.inspect.diagram import result_names
+
+    decl = sam.Model.decl()
+    fn = next(f for f in decl.entries if f.name == "decode_points")
+    # decode_points returns self._decode(...), which returns the mask decoder's (masks, iou_prediction_head(...))
+    assert result_names(fn, decl) == [("masks", "Tensor[B, Pts, 4, 256, 256; T]"),
+                                      ("iou_prediction", "Tensor[B, Pts, 4; T]")]
+    d = entry_diagram(sam.Model, "decode_points")
+    outputs = [n for n in d.nodes if n.kind == "output"]
+    assert [n.label for n in outputs] == ["masks", "iou_prediction"]
+    assert not any(n.label.startswith("result") for n in outputs)

@@ -106,3 +106,19 @@ def test_bad_requests_are_clear_errors(tmp_path) -> None:
     if shutil.which("dot"):
         assert main(["site", "--out", str(tmp_path / "notes"), "--models", "vit-base-patch16-224"]) == 2
     assert (tmp_path / "notes" / "mine.txt").read_text() == "keep me"  # never replaces a folder it did not build
+
+
+def test_benchmarks_come_from_the_committed_results_with_where_and_when() -> None:
+    from kestrel.site.build import BENCH_RESULTS, read_bench
+    from kestrel.site.charts import bench_charts
+
+    runs = read_bench(None)  # the checkout's bench/results/*.json
+    assert runs and BENCH_RESULTS.is_dir()
+    families = {c.family.name for c in CARDS.values()}
+    for family in families:  # every registered family has measured rows
+        html = bench_charts(runs, family)
+        assert "bench-chart" in html and "threads" in html and "measured 20" in html, family
+    vit = bench_charts(runs, "vit")
+    assert "transformers eager" in vit and "onnxruntime" in vit and "Peak MB" in vit
+    assert bench_charts(runs, "no-such-family") == ""
+

@@ -1,9 +1,13 @@
 """The registry site in a real browser: Debian's Chromium driven by Playwright, served on loopback.
 
-Every page opens with no console error, no failed request and no broken link (each in-site link's page
-exists and its #anchor is an element there); the search finds a block; graphs render, with no two of
-their labels overlapping as the browser lays them out; the theme switch works. Screenshots of every
-model page in both themes are written to ``$KESTREL_TEST_ARTIFACTS`` (default ``build/test-artifacts``).
+Every page opens at 1280x800 with no console error, no failed request and no broken link (each in-site
+link's page exists and its #anchor is an element there); every entry graph of every model page opens
+fitted (at least 95% of its bounding box inside its box), with no output called "result N" and no two
+labels overlapping as the browser lays them out; pan and zoom answer the wheel, a drag, the buttons and
+the keys; a block node opens its listing; anchors land below the sticky header; listings and card names
+are not cut; the Benchmarks section has a chart; SAM 2.1's page shows the 512 split; the theme switch
+works. Screenshots of every page in both themes are written to ``$KESTREL_TEST_ARTIFACTS`` (default
+``build/test-artifacts``).
 
 Outside CI the test skips when Playwright or Chromium is missing; in CI (``CI`` set) it fails instead,
 since ``make setup`` installs both.
@@ -70,6 +74,17 @@ OVERLAPS_JS = """(svg) => {
 }"""
 
 
+# the share of each graph's bounding box (its Graphviz <g class="graph">) inside its box on the page
+FITTED_JS = """(fig) => {
+  const box = fig.querySelector('.kg').getBoundingClientRect();
+  const g = fig.querySelector('svg.kg-svg g.graph').getBoundingClientRect();
+  const w = Math.max(0, Math.min(box.right, g.right) - Math.max(box.left, g.left));
+  const h = Math.max(0, Math.min(box.bottom, g.bottom) - Math.max(box.top, g.top));
+  return [fig.id, g.width * g.height > 0 ? w * h / (g.width * g.height) : 0];
+}"""
+RESULT_N = r"/^result( \d+)?$/"
+
+
 @pytest.fixture(scope="module")
 def site_url():
     _require_browser()
@@ -108,7 +123,7 @@ def test_every_page_opens_clean_with_no_broken_link(browser, site_url):
     ids: dict[str, set[str]] = {}
     links: dict[str, list[str]] = {}
     for scheme in ("light", "dark"):
-        context = browser.new_context(color_scheme=scheme, viewport={"width": 1280, "height": 900})
+        context = browser.new_context(color_scheme=scheme, viewport={"width": 1280, "height": 800})
         page = context.new_page()
         problems = _watch(page)
         for path in pages:
@@ -117,13 +132,11 @@ def test_every_page_opens_clean_with_no_broken_link(browser, site_url):
             if scheme == "light":
                 ids[path] = set(page.eval_on_selector_all("[id]", "els => els.map(e => e.id)"))
                 links[path] = page.eval_on_selector_all("a[href]", "els => els.map(a => a.href)")
-                # every graph of every model: no two labels overlap as the browser sets them
-                for i, (count, bad) in enumerate(page.eval_on_selector_all(
-                        "figure.graph svg.kg-svg", f"svgs => svgs.map({OVERLAPS_JS})")):
-                    assert count > 0 and not bad, f"{path} graph {i}: overlapping labels {bad[:5]}"
-            if path != "index.html":
-                page.screenshot(path=str(ARTIFACTS / f"{Path(path).stem}.{scheme}.png"))
-        page.screenshot(path=str(ARTIFACTS / f"index.{scheme}.png"))
+                links[path] += page.eval_on_selector_all(  # the graphs' block links (SVG <a xlink:href>)
+                    "svg.kg-svg a", "els => els.filter(a => a.getAttribute('xlink:href'))"
+                                   ".map(a => new URL(a.getAttribute('xlink:href'), location.href).href)")
+                _check_page_reads_at_a_glance(page, path)
+            page.screenshot(path=str(ARTIFACTS / f"{Path(path).stem}.{scheme}.png"))
         assert not problems, "\n".join(problems)
         context.close()
 
@@ -144,6 +157,32 @@ def test_every_page_opens_clean_with_no_broken_link(browser, site_url):
     assert not broken, "\n".join(broken)
 
 
+def _check_page_reads_at_a_glance(page, path: str) -> None:
+    """What a person sees at 1280x800 without doing anything: graphs whole, names whole, nothing cut."""
+    # listings wrap rather than hide their ends in a scroller
+    cut = page.eval_on_selector_all("pre", "els => els.filter(e => e.scrollWidth > e.clientWidth + 1)"
+                                           ".map(e => e.textContent.slice(0, 60))")
+    assert not cut, f"{path}: listings cut: {cut[:3]}"
+    if path == "index.html":  # card names and checkpoints on one line each
+        wrapped = page.eval_on_selector_all("table.models td:first-child a, table.models td:nth-child(3) code",
+                                            "els => els.filter(a => a.getClientRects().length > 1 || "
+                                            "a.getBoundingClientRect().height > 30).map(a => a.textContent)")
+        assert not wrapped, f"card names wrap: {wrapped}"
+        return
+    figures = page.eval_on_selector_all("figure.graph", f"figs => figs.map({FITTED_JS})")
+    assert figures, f"{path}: no graphs"
+    for fig_id, share in figures:
+        assert share >= 0.95, f"{path} #{fig_id}: only {share:.0%} of the graph is visible on load"
+    overlaps = page.eval_on_selector_all("figure.graph svg.kg-svg", f"svgs => svgs.map({OVERLAPS_JS})")
+    for i, (count, bad) in enumerate(overlaps):
+        assert count > 0 and not bad, f"{path} graph {i}: overlapping labels {bad[:5]}"
+    outputs = page.eval_on_selector_all("svg.kg-svg g.node.k-io text", "els => els.map(t => t.textContent)")
+    assert not [o for o in outputs if o.startswith("result")], f"{path}: outputs named result N: {outputs}"
+    bench = page.locator("#benchmarks")  # every family has committed bench/results rows: a chart, a table
+    assert bench.locator("svg.bench-chart").count() >= 1 and "Peak MB" in bench.inner_text(), path
+    assert "No benchmark results" not in bench.inner_text() and "threads" in bench.inner_text()
+
+
 def test_search_finds_a_block_and_its_link_lands_on_it(browser, site_url):
     page = browser.new_page()
     problems = _watch(page)
@@ -156,6 +195,7 @@ def test_search_finds_a_block_and_its_link_lands_on_it(browser, site_url):
     assert page.url.endswith("models/sam-vit-base.html#b-sam--MaskAttention")
     block = page.locator("#b-sam--MaskAttention pre")
     assert block.is_visible() and block.inner_text().startswith("sam::MaskAttention<Hd: Dim, Internal: Dim")
+    assert _below_header(page, "#b-sam--MaskAttention h3")
     page.goto(site_url + "index.html?q=zzzz-nothing")
     assert "Nothing matches" in page.locator("#results").inner_text()
     assert not problems, "\n".join(problems)
@@ -199,4 +239,112 @@ def test_graphs_render_with_typed_edges_and_no_overlapping_labels(browser, site_
     page.set_content(f'<body style="margin:0"><img id="g" style="width:2400px" '
                      f'src="{site_url}graphs/sam-vit-base.decode_points.svg"></body>', wait_until="load")
     page.locator("#g").screenshot(path=str(ARTIFACTS / "sam-vit-base.decode_points.graph.png"))
+    page.close()
+
+
+def _below_header(page, selector: str) -> bool:
+    """The element's top is in view, below the sticky header (not hidden under it)."""
+    header, top = page.evaluate(f"""() => [document.querySelector('header.top').getBoundingClientRect().bottom,
+                                          document.querySelector({selector!r}).getBoundingClientRect().top]""")
+    return header <= top < page.viewport_size["height"] * 0.5
+
+
+def test_anchors_land_below_the_header(browser, site_url):
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    for url, selector in (("models/sam-vit-base.html#graph-decode_points", "#graph-decode_points .graph-tools"),
+                          ("models/sam-vit-base.html#b-sam--MaskAttention", "#b-sam--MaskAttention h3"),
+                          ("models/siglip-base-patch16-224.html#graph-similarity", "#graph-similarity .graph-tools"),
+                          ("models/sam2.1-hiera-tiny.html#edge-split", "#edge-split h2")):
+        page.goto(site_url + url, wait_until="load")
+        assert _below_header(page, selector), url
+    # an index link to an entry graph, followed
+    page.goto(site_url + "index.html")
+    page.locator("table.models a", has_text="decode_points").first.click()
+    page.wait_for_load_state("load")
+    assert page.url.endswith("#graph-decode_points") and _below_header(page, "#graph-decode_points .graph-tools")
+    page.close()
+
+
+def test_graphs_pan_and_zoom_and_open_block_listings(browser, site_url):
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    problems = _watch(page)
+    page.goto(site_url + "models/sam-vit-base.html#graph-decode_points")
+    fig = page.locator("#graph-decode_points")
+    box = fig.locator(".kg")
+    zoom = "f => [f.panZoom.getZoom(), f.panZoom.getPan().x, f.panZoom.getPan().y]"
+    fitted = fig.evaluate(zoom)
+    fig.locator("[data-zoom=in]").click()
+    assert fig.evaluate(zoom)[0] > fitted[0] * 1.1
+    fig.locator("[data-zoom=fit]").click()
+    assert abs(fig.evaluate(zoom)[0] - fitted[0]) < 1e-6 and fig.evaluate(FITTED_JS)[1] >= 0.95
+    # the wheel over the graph zooms in, a drag pans
+    b = box.bounding_box()
+    page.mouse.move(b["x"] + b["width"] / 2, b["y"] + b["height"] / 2)
+    page.mouse.wheel(0, -300)
+    page.wait_for_timeout(100)
+    wheeled = fig.evaluate(zoom)
+    assert wheeled[0] > fitted[0] * 1.1
+    page.mouse.down()
+    page.mouse.move(b["x"] + b["width"] / 2 + 120, b["y"] + b["height"] / 2 + 40, steps=5)
+    page.mouse.up()
+    dragged = fig.evaluate(zoom)
+    assert abs(dragged[1] - wheeled[1] - 120) < 2 and abs(dragged[2] - wheeled[2] - 40) < 2
+    # keys once the box has focus: - zooms out, 0 fits, arrows move
+    box.focus()
+    page.keyboard.press("0")
+    assert abs(fig.evaluate(zoom)[0] - fitted[0]) < 1e-6
+    page.keyboard.press("+")
+    page.keyboard.press("+")
+    bigger = fig.evaluate(zoom)
+    page.keyboard.press("-")
+    assert fitted[0] < fig.evaluate(zoom)[0] < bigger[0]
+    page.keyboard.press("ArrowLeft")
+    assert fig.evaluate(zoom)[1] > bigger[1]
+    page.keyboard.press("1")  # actual size: one SVG unit to one pixel
+    assert abs(fig.evaluate("f => f.panZoom.getSizes().realZoom") - 1) < 1e-3
+    page.keyboard.press("0")
+    # a block node opens that block's listing, below the header
+    node = fig.locator("svg a", has=page.locator("text", has_text="transformer")).first
+    node.click()
+    page.wait_for_function("location.hash.startsWith('#b-')")
+    target = page.evaluate("location.hash")
+    assert target == "#b-sam--TwoWayTransformer" and _below_header(page, target + " h3")
+    # blocks collapse to one node each, fitted whole again, and expand back
+    expanded = fig.locator("svg.kg-svg g.node").count()
+    fig.locator("button.level").click()
+    page.wait_for_function("document.querySelector('#graph-decode_points button.level').textContent"
+                           " === 'Expand blocks'")
+    collapsed = fig.locator("svg.kg-svg g.node").count()
+    assert 0 < collapsed < expanded / 2 and fig.evaluate(FITTED_JS)[1] >= 0.95
+    assert fig.locator("svg.kg-svg g.cluster").count() == 0
+    fig.locator("button.level").click()
+    assert fig.locator("svg.kg-svg g.node").count() == expanded and fig.evaluate(FITTED_JS)[1] >= 0.95
+    # collapsed, encode_image is one call of the vision encoder, which links to its listing
+    preview = page.locator("#preview")
+    preview.locator("button.level").click()
+    page.wait_for_function("document.querySelector('#preview button.level').textContent === 'Expand blocks'")
+    encoder = preview.locator("svg.kg-svg a", has=page.locator("text", has_text="vision_encoder")).first
+    assert encoder.get_attribute("xlink:href") == "#b-sam--VisionEncoder"
+    encoder.click()
+    page.wait_for_function("location.hash === '#b-sam--VisionEncoder'")
+    assert _below_header(page, "#b-sam--VisionEncoder h3")
+    assert not problems, "\n".join(problems)
+    page.close()
+
+
+def test_sam2_page_shows_the_512_split(browser, site_url):
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.goto(site_url + "models/sam2.1-hiera-tiny.html")
+    section = page.locator("#edge-split")
+    text = section.inner_text()
+    programs = section.locator("table.edge-programs tbody tr").all_inner_texts()
+    assert programs[0].startswith("sam2_encoder") and "pixels [1, 3, 512, 512]" in programs[0]
+    assert "image_embeddings [1, 256, 32, 32]" in programs[0] and "hr0 [1, 256, 128, 128]" in programs[0]
+    assert programs[1].startswith("sam2_decoder") and "sparse [1, 1, 3, 256]" in programs[1]
+    assert "masks [1, 3, 128, 128]" in programs[1] and "iou_scores [1, 1, 3]" in programs[1]
+    tables = section.locator("table.edge-tables tbody tr").all_inner_texts()
+    assert len(tables) == 8 and any(t.startswith("prompt_img_pos.bin") and "[1, 256, 32, 32]" in t for t in tables)
+    for words in ("sha256", "validation.json", "kestrel export sam2.1-hiera-tiny --target onnx --size 512",
+                  "kestrel serve --export edge/", "instead of 1024x1024"):
+        assert words in text, words
     page.close()

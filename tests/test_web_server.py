@@ -124,15 +124,62 @@ def test_upload_is_encoded_and_packed(served):
 @pytest.mark.parametrize(("body", "status", "message"), [
     (b"GIF89a" + b"\0" * 10, 400, "unreadable gif"),
     (b"not an image at all", 415, "not a PNG"),
-    (png_header_only(20_000, 20_000), 413, "the limit is 1000000"),
-    (png_header_only(2_000, 1_000), 413, "2000 x 1000 = 2000000 pixels, the limit is 1000000"),
-    (b"\x89PNG\r\n\x1a\n" + b"\0" * (70 * 1024), 413, "the limit is 65536"),
+    (png_header_only(20_000, 20_000), 413, "20000 x 20000 = 400,000,000 pixels; the limit is 1,000,000 pixels"),
+    (png_header_only(2_000, 1_000), 413, "image is 2000 x 1000 = 2,000,000 pixels; the limit is 1,000,000 pixels"),
+    (b"\x89PNG\r\n\x1a\n" + b"\0" * (70 * 1024), 413, "the limit is 65,536 bytes"),
+    (b"", 400, "the upload is empty"),
 ])
 def test_bad_uploads_are_refused_before_decoding(served, body, status, message):
     server, seen = served
     got, data, _ = request(server, "POST", "/api/encode", body)
-    assert got == status and message in json.loads(data)["error"]
+    error = json.loads(data)["error"]
+    assert got == status and message in error
+    assert error.count("limit") <= 1  # one limit named, not PIL's beside ours
     assert seen == []
+
+
+@pytest.mark.parametrize(("make", "size"), [
+    (lambda: png_bytes(33, 17), (33, 17)), (lambda: _saved("JPEG", 40, 23), (40, 23)),
+    (lambda: _saved("GIF", 9, 12), (9, 12)), (lambda: _saved("BMP", 21, 8), (21, 8)),
+    (lambda: _saved("WEBP", 30, 19), (30, 19)), (lambda: _saved("WEBP", 30, 19, lossless=True), (30, 19)),
+])
+def test_image_size_is_read_from_the_header(make, size):
+    from kestrel.web.server import image_size
+
+    assert image_size(make()) == size
+
+
+def _saved(fmt: str, width: int, height: int, **kw) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), (10, 200, 30)).save(buf, format=fmt, **kw)
+    return buf.getvalue()
+
+
+def test_a_client_that_disconnects_is_one_line_in_the_log(export_dir, vendor, capfd):
+    import socket
+    import time
+
+    def slow_big_encoder(image):
+        time.sleep(0.3)  # the client is gone by the time the answer is written
+        return {"image_embeddings": np.zeros((4, 1024, 1024), np.float32)}
+
+    app = App(export_dir=export_dir, vendor_dir=vendor, encode="server", encoder=slow_big_encoder)
+    server = make_server(app, "127.0.0.1", 0)
+    serve_in_thread(server)
+    try:
+        body = png_bytes(8, 8)
+        sock = socket.create_connection(server.server_address[:2])
+        sock.sendall(b"POST /api/encode HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+        sock.close()
+        time.sleep(1.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err, err
+    assert len(lines) == 1 and "disconnected during POST /api/encode" in lines[0], err
 
 
 def test_upload_without_length_is_refused(served):

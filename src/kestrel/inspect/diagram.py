@@ -14,20 +14,24 @@ DOT text and runs ``dot`` on it.
 
 from __future__ import annotations
 
+import ast
+import inspect
 import re
 import shutil
 import subprocess
+import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from html import escape, unescape
 from pathlib import Path
 
 from ..blocks import Block
-from ..blocks.decl import BlockDecl
+from ..blocks.decl import BlockDecl, FnDecl
 from ..checker.check import Report, check_program
 from ..checker.graph import Graph, Node
 from ..errors import KestrelError
 from ..shapes.poly import AtomOrder, format_poly, substitute
-from ..types.tensor import TensorType
+from ..types.tensor import TensorType, TupleType
 from ..types.unify import Binding
 
 
@@ -39,6 +43,7 @@ class DNode:
     cluster: str | None = None  # the group it is drawn in
     detail: str = ""  # a second, smaller line (a call's block type)
     where: str = ""  # file:line of the source
+    block: str = ""  # a call's block (qualname), for a link to its listing
 
 
 @dataclass
@@ -70,8 +75,9 @@ ValueKey = tuple[int, int]  # (frame, value id in that frame's graph)
 
 
 class _Builder:
-    def __init__(self, report: Report, root: BlockDecl, expand: int) -> None:
+    def __init__(self, report: Report, root: BlockDecl, expand: int, results: list[tuple[str, str]]) -> None:
         self.report, self.expand = report, expand
+        self.results = results  # the entry's (name, declared type) per result
         self.decls = {b.qualname: b for b in report.blocks}
         self.order: AtomOrder = root.order
         self.d = Diagram("")
@@ -140,6 +146,12 @@ class _Builder:
                            where=_where(node))
             if node.kind in ("sub", "fn"):
                 self.d.node(nid).detail = node.detail.rsplit(".", 1)[0] if node.kind == "sub" else ""
+                if node.callee is not None:
+                    self.d.node(nid).block = node.callee[0]
+            elif node.kind == "output" and inputs is None:
+                index = int(node.op[6:] or 0)
+                if index < len(self.results):
+                    self.d.node(nid).detail = self.results[index][1]
             for k in keys_in:
                 self.connect(k, nid)
             for v in node.outputs:
@@ -168,7 +180,9 @@ class _Builder:
         if node.kind == "input":
             return f"{node.op}", "input"
         if node.kind == "output":
-            return ("result" if node.op == "result" else f"result {node.op[6:]}"), "output"
+            index = int(node.op[6:] or 0)
+            name = self.results[index][0] if index < len(self.results) else node.op
+            return name, "output"
         if node.kind == "param":
             return node.op, "param"
         if node.kind in ("sub", "fn"):
@@ -207,6 +221,92 @@ class _Builder:
             self.alias[(frame, v)] = inner
 
 
+def result_names(fn: FnDecl, decl: BlockDecl | None = None) -> list[tuple[str, str]]:
+    """The entry's results as (name, declared type): named after what its ``return`` returns.
+
+    A result's name is the variable (or attribute) the function's last ``return`` gives in that place,
+    seen through indexing and arithmetic (``masks[:, 1:]`` and ``embedding + bias`` name ``masks`` and
+    ``embedding``); a returned call of the block's own function or of a sub block is followed into that
+    function. Where no name is found, the entry's own name stands, numbered when it has several.
+    """
+    items = list(fn.result.items) if isinstance(fn.result, TupleType) else [fn.result]
+    order = decl.order if decl is not None else None
+    types = [t.format(order) for t in items]
+    names = _returned_names(fn, decl, len(items), 4)
+    used: set[str] = set()
+    out = []
+    for i, (name, t) in enumerate(zip(names, types)):
+        if name is None or name in used or name in ("self", "x", "out", "y", "output", "result"):
+            name = fn.name if len(items) == 1 else f"{fn.name}.{i}"
+        used.add(name)
+        out.append((name, t))
+    return out
+
+
+def _returned_names(fn: FnDecl, decl: BlockDecl | None, count: int, depth: int) -> list[str | None]:
+    return _names_in(getattr(fn.fn, "__wrapped__", fn.fn), decl, count, depth)
+
+
+def _names_in(func: object, decl: BlockDecl | None, count: int, depth: int) -> list[str | None]:
+    none: list[str | None] = [None] * count
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(func)))  # type: ignore[arg-type]
+    except (OSError, TypeError, SyntaxError):
+        return none
+    if not tree.body or not isinstance(tree.body[0], ast.FunctionDef | ast.AsyncFunctionDef):
+        return none
+    returns = [n for n in _own_nodes(tree.body[0]) if isinstance(n, ast.Return) and n.value is not None]
+    if not returns:
+        return none
+    value = max(returns, key=lambda r: r.lineno).value  # the last return in the source
+    if (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and depth > 0
+            and isinstance(value.func.value, ast.Name) and value.func.value.id == "self" and decl is not None):
+        callee = _callee(decl, value.func.attr)
+        if callee is not None:
+            inner = _names_in(callee[0], callee[1], count, depth - 1)
+            if any(inner):
+                return inner
+    if not isinstance(value, ast.Tuple):  # one result: a plain name only (a call names its callee, not it)
+        return [_value_name(value)] if count == 1 and isinstance(value, ast.Name | ast.Attribute) else none
+    return [_value_name(p) for p in value.elts] if len(value.elts) == count else none
+
+
+def _own_nodes(func: ast.AST) -> list[ast.AST]:
+    """The function's nodes, not those of functions or classes defined inside it."""
+    out, todo = [], list(ast.iter_child_nodes(func))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+            continue
+        out.append(node)
+        todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def _callee(decl: BlockDecl, attr: str) -> tuple[object, BlockDecl] | None:
+    """The Python function ``self.<attr>(...)`` runs: the block's own method, or a sub block's ``forward``."""
+    sub = next((s for s in decl.subs if s.name == attr), None)
+    if sub is not None:
+        inner = sub.block.decl()
+        forward = getattr(inner.cls, "forward", None)
+        return (forward, inner) if forward is not None else None
+    method = getattr(decl.cls, attr, None)
+    return (getattr(method, "__wrapped__", method), decl) if callable(method) else None
+
+
+def _value_name(node: ast.expr) -> str | None:
+    while isinstance(node, ast.Subscript | ast.Starred | ast.BinOp):
+        node = node.left if isinstance(node, ast.BinOp) else node.value
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "self"):
+        return node.func.attr.lstrip("_").removesuffix("_head")  # a sub block's result: named after the sub
+    return None
+
+
 def _where(node: Node) -> str:
     if not node.file or not node.line:
         return ""
@@ -228,7 +328,7 @@ def entry_diagram(root: type[Block], entry: str, expand: int = 1, report: Report
     from .printer import format_signature
 
     fn = next(fn for fn in decl.functions if fn.name == entry)
-    b = _Builder(report, decl, expand)
+    b = _Builder(report, decl, expand, result_names(fn, decl))
     b.d.title = f"{decl.qualname}.{format_signature(fn, decl.order)}"
     b.walk(report.graphs[(decl.qualname, entry)], 0, None, [], None)
     _merge_runs(b.d)
@@ -330,8 +430,13 @@ def _split_top(text: str) -> list[str]:
     return [*out, cur.strip()] if cur.strip() else out
 
 
-def to_dot(d: Diagram, theme: str = "light", nodesep: float = 0.4) -> str:
-    """Graphviz DOT for the diagram: clusters for groups, every edge labelled with its type."""
+def to_dot(d: Diagram, theme: str = "light", nodesep: float = 0.4,
+           link: Callable[[str], str | None] | None = None) -> str:
+    """Graphviz DOT for the diagram: clusters for groups, every edge labelled with its type.
+
+    ``link`` maps a block's qualname to a URL: a collapsed call of that block then links to it (the
+    registry site links each to the block's listing).
+    """
     if theme not in THEMES:
         raise DiagramError(f"unknown theme {theme!r}; choose one of {', '.join(THEMES)}")
     th = THEMES[theme]
@@ -369,6 +474,9 @@ def to_dot(d: Diagram, theme: str = "light", nodesep: float = 0.4) -> str:
         else:
             label = _q(n.label)
         tip = f", tooltip={_q(n.where)}" if n.where else ""
+        url = link(n.block) if link is not None and n.block else None
+        if url:
+            tip += f", href={_q(url)}, target=\"_top\""
         return f"{indent}{n.id} [label={label}, {attrs}{tip}];"
 
     def emit(cluster: str | None, indent: str) -> None:
@@ -455,7 +563,8 @@ def label_overlaps(svg: str) -> int:
                if a[0] + 0.5 < b[2] and b[0] + 0.5 < a[2] and a[1] + 0.5 < b[3] and b[1] + 0.5 < a[3])
 
 
-def render(d: Diagram, fmt: str = "svg", theme: str = "light") -> bytes:
+def render(d: Diagram, fmt: str = "svg", theme: str = "light",
+           link: Callable[[str], str | None] | None = None) -> bytes:
     """Lay the diagram out with Graphviz and return the SVG or PNG bytes.
 
     Graphviz sizes labels with its own font metrics, and now and then sets two edge labels a few
@@ -464,7 +573,7 @@ def render(d: Diagram, fmt: str = "svg", theme: str = "light") -> bytes:
     if fmt not in ("svg", "png"):
         raise DiagramError(f"unknown diagram format {fmt!r}; write .svg, .png or .dot")
     for nodesep in (0.4, 0.55, 0.75):
-        dot = to_dot(d, theme, nodesep)
+        dot = to_dot(d, theme, nodesep, link)
         svg = _dot(dot, "svg", d.title)
         if not label_overlaps(svg.decode()):
             break
@@ -485,5 +594,5 @@ def write_diagram(d: Diagram, path: Path, theme: str = "light") -> None:
     write_bytes(path, data)
 
 
-__all__ = ["THEMES", "Cluster", "DNode", "Diagram", "DiagramError", "entry_diagram", "render", "theme_css", "to_dot",
-           "write_diagram"]
+__all__ = ["THEMES", "Cluster", "DNode", "Diagram", "DiagramError", "entry_diagram", "render", "result_names",
+           "theme_css", "to_dot", "write_diagram"]

@@ -17,7 +17,7 @@ import re
 import shutil
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from html import escape
 from importlib import resources
 from pathlib import Path
@@ -34,8 +34,19 @@ from ..inspect.printer import format_block, format_signature, listed_blocks
 from ..models.cards import CARDS, Card
 from ..types.dtypes import DTypeKind
 from .charts import bench_charts
+from .edge import edge_section, has_edge_split
 
 ASSETS = ("site.css", "site.js")
+PAN_ZOOM = "svg-pan-zoom.min.js"  # npm's svg-pan-zoom (web/package.json), copied in at build time
+CHECKOUT = Path(__file__).resolve().parents[3]
+BENCH_RESULTS = CHECKOUT / "bench" / "results"  # committed bench/run.py results (a checkout only)
+
+
+def pan_zoom_js() -> Path | None:
+    """svg-pan-zoom's script: ``$KESTREL_SVG_PAN_ZOOM``, else the checkout's ``web/node_modules``."""
+    env = os.environ.get("KESTREL_SVG_PAN_ZOOM")
+    path = Path(env) if env else CHECKOUT / "web" / "node_modules" / "svg-pan-zoom" / "dist" / PAN_ZOOM
+    return path if path.is_file() else None
 
 
 class SiteError(KestrelError, ValueError):
@@ -48,7 +59,8 @@ class Program:
 
     root: type[Block]
     report: Report
-    svgs: dict[str, str]  # entry -> inline SVG
+    svgs: dict[str, str]  # entry -> SVG, block calls expanded one level (what the page opens with)
+    collapsed: dict[str, str] = field(default_factory=dict)  # entry -> SVG with every block call one node
 
 
 # -------------------------------------------------------------------------------------- helpers
@@ -84,21 +96,30 @@ def _page(title: str, body: str, depth: int, extra_head: str = "") -> str:
 </main>
 <footer>Built by <code>kestrel site</code> from the model declarations; every listing is derived, none is stored.
 </footer>
+<script src="{up}assets/{PAN_ZOOM}"></script>
 <script src="{up}assets/site.js"></script>
 </body>
 </html>
 """
 
 
+def _svg_size(svg: str) -> tuple[float, float]:
+    """Graphviz's natural size of an SVG in CSS pixels (it writes points)."""
+    m = re.search(r'<svg width="([\d.]+)pt" height="([\d.]+)pt"', svg)
+    return (float(m[1]) * 4 / 3, float(m[2]) * 4 / 3) if m else (800.0, 600.0)
+
+
 def _inline_svg(svg: str, prefix: str) -> str:
-    """Graphviz's SVG for inlining: no XML prolog, ids made unique on the page, scalable."""
+    """Graphviz's SVG for inlining: no XML prolog, ids made unique on the page, filling its box.
+
+    The width and height become 100% of the figure's box and the viewBox stays, so the browser fits the
+    whole graph in the box on load (and svg-pan-zoom zooms and pans from there).
+    """
     start = svg.index("<svg")
     body = svg[start:]
     body = re.sub(r'\bid="', f'id="{prefix}-', body)
-    # fitted to the page, but never below 70% of its size (labels stay legible; a wide graph scrolls)
     body = re.sub(r'<svg width="([\d.]+)pt" height="([\d.]+)pt"',
-                  lambda m: f'<svg width="{m[1]}pt" height="{m[2]}pt" class="kg-svg" role="img" '
-                            f'style="min-width: {0.7 * float(m[1]):.0f}pt"', body, count=1)
+                  '<svg width="100%" height="100%" class="kg-svg" role="img"', body, count=1)
     return body
 
 
@@ -165,16 +186,29 @@ def _preview_caption(entry: str) -> str:
             f"checker inferred at that point, in the model's own generics.")
 
 
-def _graph_figure(card: Card, entry: str, svg: str, fig_id: str, caption: str) -> str:
+def _graph_figure(card: Card, entry: str, svg: str, fig_id: str, caption: str, top: bool = False) -> str:
     href = f"../graphs/{card.name}.{entry}.svg"
-    return (f'<figure class="graph" id="{fig_id}">\n'
-            f'<div class="graph-tools"><button type="button" class="zoom">Actual size</button>'
-            f'<a href="{href}">Open the SVG</a></div>\n'
-            f'<div class="kg">{_inline_svg(svg, fig_id)}</div>\n'
+    width, height = _svg_size(svg)
+    # the box: the page's width, as tall as the graph needs up to 72% of the window (the whole graph is
+    # fitted into it; zoom for detail); the preview under the page's title ends within the first screen
+    window = "max(320px, 100vh - 260px)" if top else "72vh"
+    box = f"height: min({window}, {max(height, 160):.0f}px)"
+    tools = ('<button type="button" data-zoom="in" aria-label="zoom in" title="zoom in (+)">+</button>'
+             '<button type="button" data-zoom="out" aria-label="zoom out" title="zoom out (-)">&#8722;</button>'
+             '<button type="button" data-zoom="fit" title="fit the whole graph (0)">Fit</button>'
+             '<button type="button" data-zoom="actual" title="natural size (1)">Actual size</button>'
+             f'<button type="button" class="level" data-collapsed="../graphs/{card.name}.{entry}.collapsed.svg" '
+             'title="every block call as one node, or expanded one level">Collapse blocks</button>'
+             '<span class="hint">drag: pan · wheel, + −, keys + − 0 1 ← → ↑ ↓: zoom, move · '
+             'a block: its listing</span>')
+    return (f'<figure class="graph" id="{fig_id}" data-width="{width:.0f}" data-height="{height:.0f}">\n'
+            f'<div class="graph-tools">{tools}<a href="{href}">Open the SVG</a></div>\n'
+            f'<div class="kg" tabindex="0" aria-label="graph of {escape(entry)}: drag to pan, + and - to zoom" '
+            f'style="{box}">{_inline_svg(svg, fig_id)}</div>\n'
             f"<figcaption>{escape(caption)}</figcaption>\n</figure>")
 
 
-def model_page(card: Card, program: Program, bench: dict[str, Any] | None) -> str:
+def model_page(card: Card, program: Program, bench: list[dict[str, Any]] | None) -> str:
     root = program.root
     decl = root.decl()
     blocks = listed_blocks(root)
@@ -183,11 +217,13 @@ def model_page(card: Card, program: Program, bench: dict[str, Any] | None) -> st
     bound = bind_generics(decl, card.generics())
     parts: list[str] = [f'<h1>{escape(card.title)}</h1>\n<p class="sub"><code>{escape(card.name)}</code> · '
                         f"<code>{escape(decl.qualname)}</code> · {escape(card.family.description)}</p>"]
-    parts.append('<nav class="toc">' + " ".join(
-        f'<a href="#{a}">{t}</a>' for a, t in [("preview", "Graph"), ("entries", "Entries"), ("generics", "Generics"),
-                                              ("blocks", "Blocks"), ("card", "Card"), ("parameters", "Parameters"),
-                                              ("graphs", "Entry graphs"), ("benchmarks", "Benchmarks")]) + "</nav>")
-    parts.append(_graph_figure(card, main_entry, program.svgs[main_entry], "preview", _preview_caption(main_entry)))
+    edge = has_edge_split(card)
+    toc = [("preview", "Graph"), ("entries", "Entries"), ("generics", "Generics"), ("blocks", "Blocks"),
+           ("card", "Card"), ("parameters", "Parameters"), ("graphs", "Entry graphs"),
+           *([("edge-split", "Edge split (512)")] if edge else []), ("benchmarks", "Benchmarks")]
+    parts.append('<nav class="toc">' + " ".join(f'<a href="#{a}">{t}</a>' for a, t in toc) + "</nav>")
+    parts.append(_graph_figure(card, main_entry, program.svgs[main_entry], "preview", _preview_caption(main_entry),
+                               top=True))
 
     parts.append('<section id="entries">\n<h2>Entries</h2>')
     parts.append(_table(["Entry", "Signature"],
@@ -225,11 +261,13 @@ def model_page(card: Card, program: Program, bench: dict[str, Any] | None) -> st
         parts.append(_graph_figure(card, fn.name, program.svgs[fn.name], fid, _preview_caption(fn.name)))
     parts.append("</section>")
 
+    if edge:
+        parts.append(edge_section(card, root))
     parts.append('<section id="benchmarks">\n<h2>Benchmarks</h2>')
     charts = bench_charts(bench, card.family.name) if bench else ""
-    parts.append(charts or "<p>No benchmark results for this model in this build: run <code>make bench</code> "
-                 "(<code>bench/run.py --out results.json</code>) and build with "
-                 "<code>kestrel site --bench results.json</code>.</p>")
+    parts.append(charts or "<p>No benchmark results for this model: <code>bench/run.py</code> does not measure "
+                 "it yet (results are read from <code>bench/results/</code>, or from "
+                 "<code>kestrel site --bench results.json</code>).</p>")
     parts.append("</section>")
     return _page(f"{card.title} · Kestrel", "\n".join(parts), depth=1)
 
@@ -322,11 +360,17 @@ def _programs(cards: list[Card], progress: bool) -> dict[str, Program]:
     reports: dict[type[Block], Report] = {}
     for root in by_root:
         reports[root] = check_program(root)
-        jobs += [(root, fn.name) for fn in root.decl().entries]
+        jobs += [(root, fn.name, level) for fn in root.decl().entries for level in (1, 0)]
 
-    def draw(job: tuple[type[Block], str]) -> str:
-        root, entry = job
-        return render(entry_diagram(root, entry, report=reports[root]), "svg").decode()
+    listed = {root: {b.qualname for b in listed_blocks(root)} for root in by_root}
+
+    def draw(job: tuple[type[Block], str, int]) -> str:
+        root, entry, level = job
+
+        def link(qualname: str) -> str | None:  # a block call opens the block's listing on the page
+            return f"#{block_anchor(qualname)}" if qualname in listed[root] else None
+
+        return render(entry_diagram(root, entry, level, report=reports[root]), "svg", link=link).decode()
 
     from tqdm import tqdm
 
@@ -335,22 +379,34 @@ def _programs(cards: list[Card], progress: bool) -> dict[str, Program]:
                          disable=not progress))
     out: dict[str, Program] = {}
     for root, group in by_root.items():
-        entries = {e: svg for (r, e), svg in zip(jobs, svgs) if r is root}
+        entries = {e: svg for (r, e, level), svg in zip(jobs, svgs) if r is root and level == 1}
+        collapsed = {e: svg for (r, e, level), svg in zip(jobs, svgs) if r is root and level == 0}
         for card in group:
-            out[card.name] = Program(root, reports[root], entries)
+            out[card.name] = Program(root, reports[root], entries, collapsed)
     return out
 
 
-def read_bench(path: Path | None) -> dict[str, Any] | None:
+def read_bench(path: Path | None) -> list[dict[str, Any]] | None:
+    """The benchmark runs to chart: a ``bench/run.py --out`` file, or every ``*.json`` of a folder.
+
+    With no path, the checkout's committed ``bench/results/`` (when the site is built from a checkout).
+    """
     if path is None:
-        return None
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise SiteError(f"cannot read the benchmark results {path}: {e}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("cases"), list):
-        raise SiteError(f"{path} is not a bench/run.py --out results file (no 'cases' list)")
-    return data
+        if not BENCH_RESULTS.is_dir():
+            return None
+        path = BENCH_RESULTS
+    path = Path(path)
+    files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+    runs = []
+    for f in files:
+        try:
+            data = json.loads(f.read_text())
+        except (OSError, ValueError) as e:
+            raise SiteError(f"cannot read the benchmark results {f}: {e}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("cases"), list):
+            raise SiteError(f"{f} is not a bench/run.py --out results file (no 'cases' list)")
+        runs.append(data)
+    return runs
 
 
 def build_site(out: Path, models: list[str] | None = None, bench: Path | None = None,
@@ -374,6 +430,15 @@ def build_site(out: Path, models: list[str] | None = None, bench: Path | None = 
     assets = resources.files("kestrel.site") / "assets"
     for name in ASSETS:
         (tmp / "assets" / name).write_text((assets / name).read_text())
+    pan_zoom = pan_zoom_js()
+    if pan_zoom is not None:
+        shutil.copyfile(pan_zoom, tmp / "assets" / PAN_ZOOM)
+    else:  # the graphs still open fitted; pan and zoom need the npm package
+        (tmp / "assets" / PAN_ZOOM).write_text("/* svg-pan-zoom is not installed: `make web` (npm ci in web/) */\n")
+        import sys
+
+        print("warning: svg-pan-zoom is not installed (`make web`): the site's graphs are fitted but cannot "
+              "be zoomed", file=sys.stderr)
     (tmp / "assets" / "site.css").write_text((tmp / "assets" / "site.css").read_text() + "\n/* graphs, dark */\n"
                                              + theme_css("dark", ':root[data-theme="dark"] .kg'))
     (tmp / "assets" / "theme.js").write_text(THEME_JS)
@@ -385,8 +450,10 @@ def build_site(out: Path, models: list[str] | None = None, bench: Path | None = 
     for card in cards:
         program = programs[card.name]
         (tmp / "models" / f"{card.name}.html").write_text(model_page(card, program, results))
-        for entry, svg in program.svgs.items():
-            (tmp / "graphs" / f"{card.name}.{entry}.svg").write_text(svg)
+        for suffix, svgs in (("", program.svgs), (".collapsed", program.collapsed)):
+            for entry, svg in svgs.items():  # block links point at the model page from here
+                svg = svg.replace('xlink:href="#b-', f'xlink:href="../models/{card.name}.html#b-')
+                (tmp / "graphs" / f"{card.name}.{entry}{suffix}.svg").write_text(svg)
         pages.append(out / "models" / f"{card.name}.html")
     if out.exists():
         if not (out / "index.html").exists() and any(out.iterdir()):

@@ -1,4 +1,9 @@
-"""Benchmark charts: ``bench/run.py --out`` results as grouped bars, Kestrel beside the reference, by batch."""
+"""Benchmark charts: ``bench/run.py --out`` results as grouped bars, Kestrel beside the references, by batch.
+
+Each results file is one run on one machine; a model page shows, per run, where and how it was measured
+(device, threads, date, command), then one chart per measured case with its table (seconds, the ratio to
+transformers, peak memory).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,8 @@ from html import escape
 from typing import Any
 
 LABELS = {"kestrel": "Kestrel eager", "kestrel-compile": "Kestrel compiled", "hf": "transformers eager",
-          "hf-compile": "transformers compiled", "onnx": "onnxruntime (Kestrel export)"}
+          "hf-compile": "transformers compiled", "onnx": "onnxruntime (Kestrel export)",
+          "executorch-xnnpack": "ExecuTorch XNNPACK .pte", "executorch-portable": "ExecuTorch portable .pte"}
 ORDER = list(LABELS)
 
 
@@ -16,28 +22,59 @@ def _cases_for(results: dict[str, Any], family: str) -> list[dict[str, Any]]:
             if c.get("model") == family or str(c.get("model", "")).startswith(family + "-")]
 
 
-def bench_charts(results: dict[str, Any], family: str) -> str:
-    cases = _cases_for(results, family)
-    if not cases:
+def _run_header(results: dict[str, Any]) -> str:
+    m = results.get("machine", {})
+    threads = m.get("threads")
+    bits = [f"<strong>{escape(str(m.get('device', 'CPU')))}</strong>"]
+    if m.get("cpu"):
+        bits.append(escape(str(m["cpu"])))
+    if m.get("physical"):
+        bits.append(f"{m['physical']} cores")
+    if threads:
+        bits.append(f"{threads} thread{'s' if threads != 1 else ''}")
+    if results.get("date"):
+        bits.append(f"measured {escape(str(results['date']))}")
+    peak = (results.get("peak_gflops") or {}).get("mm")
+    if isinstance(peak, int | float):
+        bits.append(f"f32 GEMM peak {peak:.0f} GFLOP/s")
+    head = '<p class="bench-run">' + " · ".join(bits) + "</p>"
+    if results.get("command"):
+        head += f'<p class="bench-cmd"><code>{escape(str(results["command"]))}</code></p>'
+    return head
+
+
+def bench_charts(runs: list[dict[str, Any]] | dict[str, Any], family: str) -> str:
+    """The Benchmarks section's body for a family, or "" when no run measured it."""
+    if isinstance(runs, dict):
+        runs = [runs]
+    parts = []
+    for results in runs:
+        cases = _cases_for(results, family)
+        if not cases:
+            continue
+        parts.append('<div class="bench-group">' + _run_header(results))
+        parts.extend(_case_chart(case) for case in cases)
+        parts.append("</div>")
+    if not parts:
         return ""
-    parts = ["<p>Median seconds per call (lower is better), measured in one run by <code>bench/run.py</code> "
-             "on random weights from the family's config; each bar is labelled with its time and, for "
-             "Kestrel, its ratio to transformers eager at that batch.</p>"]
-    for case in cases:
-        parts.append(_case_chart(case))
-    return "\n".join(parts)
+    return ("<p>Median seconds per call (lower is better), measured by <code>bench/run.py</code> on random "
+            "weights built from the checkpoint's config, every row in its own process; each Kestrel bar is "
+            "labelled with its ratio to transformers eager at that batch. Peak memory is the resident memory "
+            "the row's calls added.</p>\n" + "\n".join(parts))
 
 
 def _case_chart(case: dict[str, Any]) -> str:
     rows = [r for r in case.get("rows", []) if isinstance(r.get("median"), int | float)]
     batches = sorted({r["batch"] for r in rows})
     variants = [v for v in ORDER if any(r["variant"] == v for r in rows)]
-    title = f"{case.get('case', case.get('model'))}: {case.get('gflop_per_item', 0):.1f} GFLOP per item"
+    title = case.get("title") or case.get("case") or case.get("model")
+    if case.get("gflop_per_item"):
+        title = f"{title}: {case['gflop_per_item']:.1f} GFLOP per item"
     if not rows:
-        return f"<h3>{escape(title)}</h3><p>No timed rows (every variant failed).</p>"
+        return f"<h3>{escape(str(title))}</h3><p>No timed rows (every variant failed).</p>"
     top = max(r["median"] for r in rows)
     bar_h, gap, label_w, width = 18, 10, 190, 720
-    scale = (width - label_w - 150) / top
+    scale = (width - label_w - 170) / top
     y = 10
     svg = []
     table = []
@@ -51,16 +88,22 @@ def _case_chart(case: dict[str, Any]) -> str:
                 continue
             w = max(1.0, r["median"] * scale)
             ratio = f"  ({r['median'] / ref:.2f}x transformers)" if ref and v.startswith("kestrel") else ""
+            if top / r["median"] > 50:  # a bar too short to see beside the longest: say so
+                ratio += f"  ({top / r['median']:.0f}x faster than the slowest)"
             svg.append(f'<text x="{label_w - 6}" y="{y + 13}" text-anchor="end" class="bc-label">'
                        f"{escape(LABELS.get(v, v))}</text>")
             svg.append(f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h}" class="bc-bar bc-{v}"/>')
             svg.append(f'<text x="{label_w + w + 6:.1f}" y="{y + 13}" class="bc-value">'
-                       f"{r['median']:.3f} s{escape(ratio)}</text>")
-            table.append(f"<tr><td>{b}</td><td>{escape(LABELS.get(v, v))}</td><td>{r['median']:.4f}</td></tr>")
+                       f"{r['median']:.3g} s{escape(ratio)}</text>")
+            vs = f"{r['median'] / ref:.2f}x" if ref else "-"
+            mem = f"{r['peak_mb']:.0f}" if isinstance(r.get("peak_mb"), int | float) else "-"
+            table.append(f"<tr><td>{b}</td><td>{escape(LABELS.get(v, v))}</td><td>{r['median']:.4g}</td>"
+                         f"<td>{vs}</td><td>{mem}</td></tr>")
             y += bar_h + 4
         y += gap
     chart = (f'<svg class="bench-chart" viewBox="0 0 {width} {y}" width="{width}" height="{y}" role="img" '
-             f'aria-label="{escape(title)}">' + "".join(svg) + "</svg>")
-    return (f'<figure class="bench"><figcaption>{escape(title)}</figcaption>{chart}'
-            "<details><summary>As a table</summary><table><thead><tr><th>Batch</th><th>Variant</th>"
-            f"<th>Median s</th></tr></thead><tbody>{''.join(table)}</tbody></table></details></figure>")
+             f'aria-label="{escape(str(title))}">' + "".join(svg) + "</svg>")
+    return (f'<figure class="bench"><figcaption>{escape(str(title))}</figcaption>{chart}'
+            '<table class="bench-table"><thead><tr><th>Batch</th><th>Variant</th><th>Median s</th>'
+            f"<th>x transformers</th><th>Peak MB</th></tr></thead><tbody>{''.join(table)}</tbody></table>"
+            "</figure>")

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import socket
 import struct
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -66,33 +68,88 @@ def image_format(head: bytes) -> str | None:
     return next((name for magic, name in IMAGE_MAGIC if head.startswith(magic)), None)
 
 
+def image_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from an accepted image's header, without decoding it; None where the header is cut.
+
+    The page reads the same fields (``static/imageinfo.js``), so both refuse the same images.
+    """
+    fmt = image_format(data[:16])
+    try:
+        if fmt == "png" and data[12:16] == b"IHDR":
+            return struct.unpack(">II", data[16:24])
+        if fmt == "gif":
+            return struct.unpack("<HH", data[6:10])
+        if fmt == "bmp":
+            w, h = struct.unpack("<ii", data[18:26])
+            return abs(w), abs(h)
+        if fmt == "webp":
+            kind = data[12:16]
+            if kind == b"VP8 ":
+                w, h = struct.unpack("<HH", data[26:30])
+                return w & 0x3FFF, h & 0x3FFF
+            if kind == b"VP8L":
+                bits = int.from_bytes(data[21:25], "little")
+                return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+            if kind == b"VP8X":
+                return int.from_bytes(data[24:27], "little") + 1, int.from_bytes(data[27:30], "little") + 1
+        if fmt == "jpeg":
+            at = 2
+            while at + 9 < len(data):
+                if data[at] != 0xFF:
+                    return None
+                marker = data[at + 1]
+                if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+                    at += 2
+                    continue
+                (length,) = struct.unpack(">H", data[at + 2:at + 4])
+                if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+                    h, w = struct.unpack(">HH", data[at + 5:at + 9])
+                    return w, h
+                at += 2 + length
+    except struct.error:
+        return None
+    return None
+
+
+def too_many_pixels(width: int, height: int, limit: int) -> str:
+    """The one message for an image over the pixel limit (the page writes the same, with the file's name)."""
+    return f"{width} x {height} = {width * height:,} pixels; the limit is {limit:,} pixels"
+
+
 def check_upload(data: bytes, max_bytes: int = MAX_UPLOAD_BYTES, max_pixels: int = MAX_UPLOAD_PIXELS):
     """Validate an uploaded image and return it decoded as RGB (PIL), or raise :class:`UploadError`.
 
-    The size and format are checked first, then the header's width x height (PIL reads it without
-    decoding pixels); only then are the pixels decoded.
+    The size and format are checked first, then the header's width x height (read from the header's
+    bytes, as the page does, or by PIL without decoding pixels); only then are the pixels decoded.
     """
     import io
 
     from PIL import Image
 
+    if not data:
+        raise UploadError(HTTPStatus.BAD_REQUEST, "the upload is empty (0 bytes)")
     if len(data) > max_bytes:
         raise UploadError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                          f"upload is {len(data)} bytes, the limit is {max_bytes}")
+                          f"upload is {len(data):,} bytes; the limit is {max_bytes:,} bytes")
     fmt = image_format(data[:16])
     if fmt is None:
         raise UploadError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
                           "upload is not a PNG, JPEG, GIF, BMP or WebP image (by its first bytes)")
+    size = image_size(data)
+    if size is not None and size[0] * size[1] > max_pixels:
+        raise UploadError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "image is " + too_many_pixels(*size, max_pixels))
     try:
         image = Image.open(io.BytesIO(data))
         width, height = image.size
-    except Image.DecompressionBombError as e:  # a header claiming far more pixels than any limit
-        raise UploadError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"{e}; the limit is {max_pixels}") from None
+    except Image.DecompressionBombError as e:  # a header claiming far more pixels than PIL's own ceiling
+        found = re.search(r"\((\d+) pixels\)", str(e))
+        count = f"{int(found[1]):,}" if found else "too many"
+        raise UploadError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                          f"image is {count} pixels; the limit is {max_pixels:,} pixels") from None
     except Exception as e:  # PIL raises many types for a broken header
         raise UploadError(HTTPStatus.BAD_REQUEST, f"unreadable {fmt} image: {e}") from None
     if width * height > max_pixels:
-        raise UploadError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                          f"image is {width} x {height} = {width * height} pixels, the limit is {max_pixels}")
+        raise UploadError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "image is " + too_many_pixels(width, height, max_pixels))
     try:
         return image.convert("RGB")
     except Exception as e:
@@ -183,6 +240,17 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # quiet: the CLI prints one line per start
         pass
 
+    def handle_one_request(self) -> None:
+        """One request; a client that goes away mid-request is one line on stderr, not a traceback."""
+        try:
+            super().handle_one_request()
+        except (ConnectionError, TimeoutError) as e:
+            self.close_connection = True
+            host, port = self.client_address[:2]
+            what = f"{self.command} {urlsplit(self.path).path}" if getattr(self, "command", None) else "a request"
+            print(f"kestrel serve: client {host}:{port} disconnected during {what} "
+                  f"({type(e).__name__}); nothing more was sent", file=sys.stderr, flush=True)
+
     def _send(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
@@ -218,8 +286,10 @@ class Handler(BaseHTTPRequestHandler):
         if int(length) > self.app.max_upload_bytes:
             self.close_connection = True  # do not read a body we refuse
             return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                               f"upload is {length} bytes, the limit is {self.app.max_upload_bytes}")
+                               f"upload is {int(length):,} bytes; the limit is {self.app.max_upload_bytes:,} bytes")
         data = self.rfile.read(int(length))
+        if len(data) < int(length):
+            raise ConnectionResetError(f"the upload ended after {len(data)} of {length} bytes")
         try:
             image = check_upload(data, self.app.max_upload_bytes, self.app.max_upload_pixels)
         except UploadError as e:

@@ -1,4 +1,4 @@
-// Kestrel registry: the theme switch, graph zoom, and the search over models, entries and blocks.
+// Kestrel registry: the theme switch, graph pan and zoom, and the search over models, entries and blocks.
 (function () {
   'use strict';
   var root = document.documentElement;
@@ -16,13 +16,101 @@
     });
   }
 
-  document.querySelectorAll('figure.graph button.zoom').forEach(function (button) {
-    button.addEventListener('click', function () {
-      var box = button.closest('figure').querySelector('.kg');
-      var actual = box.classList.toggle('actual');
-      button.textContent = actual ? 'Fit to page' : 'Actual size';
+  // Graphs: each opens fitted whole in its box (the SVG's viewBox does that without any script); with
+  // svg-pan-zoom (npm, copied in at build time) it pans by dragging and zooms by the wheel, the buttons
+  // and the keys + - 0 1 and the arrows once the box has focus. "Collapse blocks" swaps in the graph
+  // with every block call drawn as one node (fetched once), and back.
+  function setUpGraph(figure) {
+    var box = figure.querySelector('.kg');
+    var svg = box && box.querySelector('svg.kg-svg');
+    if (!svg) { return; }
+    if (typeof window.svgPanZoom !== 'function') {
+      figure.querySelectorAll('[data-zoom], button.level').forEach(function (b) { b.disabled = true; });
+      return;
+    }
+    var pz = null;
+    function attach(element) {
+      if (pz) { pz.destroy(); }
+      svg = element;
+      pz = window.svgPanZoom(svg, {
+        zoomEnabled: true, panEnabled: true, controlIconsEnabled: false, fit: true, center: true,
+        minZoom: 0.25, maxZoom: 60, zoomScaleSensitivity: 0.25, dblClickZoomEnabled: true,
+        mouseWheelZoomEnabled: false, preventMouseEventsDefault: false,
+      });
+      figure.panZoom = pz;  // read by the browser tests
+    }
+    attach(svg);
+    function fit() { pz.resize(); pz.fit(); pz.center(); }
+    var actions = {
+      in: function () { pz.zoomIn(); }, out: function () { pz.zoomOut(); }, fit: fit,
+      actual: function () { pz.zoom(pz.getZoom() / pz.getSizes().realZoom); pz.center(); },  // 1 SVG unit = 1 px
+    };
+    figure.querySelectorAll('[data-zoom]').forEach(function (button) {
+      button.addEventListener('click', function () { actions[button.getAttribute('data-zoom')](); box.focus(); });
     });
-  });
+    // the wheel zooms about the pointer, by the wheel's distance (lines or pixels)
+    box.addEventListener('wheel', function (e) {
+      e.preventDefault();
+      var pixels = e.deltaY * (e.deltaMode === 1 ? 16 : e.deltaMode === 2 ? 400 : 1);
+      var rect = svg.getBoundingClientRect();
+      pz.zoomAtPointBy(Math.exp(-pixels * 0.0015), { x: e.clientX - rect.left, y: e.clientY - rect.top });
+    }, { passive: false });
+    box.addEventListener('keydown', function (e) {
+      var step = 60;
+      var keys = { '+': actions.in, '=': actions.in, '-': actions.out, '_': actions.out, '0': fit, '1': actions.actual,
+        ArrowLeft: function () { pz.panBy({ x: step, y: 0 }); }, ArrowRight: function () { pz.panBy({ x: -step, y: 0 }); },
+        ArrowUp: function () { pz.panBy({ x: 0, y: step }); }, ArrowDown: function () { pz.panBy({ x: 0, y: -step }); } };
+      var act = keys[e.key];
+      if (act && !e.ctrlKey && !e.metaKey && !e.altKey) { e.preventDefault(); act(); }
+    });
+    // a link inside the graph (a block's listing) is followed on a click, not at the end of a drag
+    var down = null;
+    box.addEventListener('mousedown', function (e) { down = [e.clientX, e.clientY]; });
+    box.addEventListener('click', function (e) {
+      if (down && Math.hypot(e.clientX - down[0], e.clientY - down[1]) > 4) { e.preventDefault(); }
+    }, true);
+    window.addEventListener('resize', fit);
+
+    var level = figure.querySelector('button.level');
+    var other = null;  // the graph not shown: the collapsed one once fetched, or the expanded one
+    if (level) {
+      level.addEventListener('click', function () {
+        var swap = function (next) {
+          var current = svg;
+          pz.destroy();
+          pz = null;
+          current.replaceWith(next);
+          other = current;
+          attach(next);
+          var collapsed = level.textContent === 'Collapse blocks';
+          level.textContent = collapsed ? 'Expand blocks' : 'Collapse blocks';
+          figure.classList.toggle('collapsed', collapsed);
+        };
+        if (other) { swap(other); return; }
+        level.disabled = true;
+        fetch(level.getAttribute('data-collapsed')).then(function (r) {
+          if (!r.ok) { throw new Error('HTTP ' + r.status); }
+          return r.text();
+        }).then(function (text) {
+          var doc = new DOMParser().parseFromString(text, 'image/svg+xml');
+          var next = document.importNode(doc.documentElement, true);
+          next.querySelectorAll('[id]').forEach(function (el) { el.id = figure.id + '-c-' + el.id; });
+          next.querySelectorAll('a').forEach(function (a) {  // the file links to the model page; here, to this page
+            var href = a.getAttribute('xlink:href');
+            if (href && href.indexOf('#') >= 0) { a.setAttribute('xlink:href', href.slice(href.indexOf('#'))); }
+          });
+          next.setAttribute('width', '100%');
+          next.setAttribute('height', '100%');
+          next.setAttribute('class', 'kg-svg');
+          next.setAttribute('role', 'img');
+          swap(next);
+        }).catch(function (err) {
+          level.textContent = 'Collapse blocks (unavailable: ' + err.message + ')';
+        }).finally(function () { level.disabled = false; });
+      });
+    }
+  }
+  document.querySelectorAll('figure.graph').forEach(setUpGraph);
 
   var data = document.getElementById('search-index');
   var input = document.getElementById('q');

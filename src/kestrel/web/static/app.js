@@ -8,6 +8,7 @@
 import * as ort from '/vendor/ort.all.min.mjs';
 import { composeTokens, fitPrompt, toModelFrame, FOREGROUND, BACKGROUND } from '/static/composer.js';
 import { normalize, resizeBilinear } from '/static/pixels.js';
+import { inspectImage } from '/static/imageinfo.js';
 
 const TABLES = {
   gaussian: 'prompt_gaussian.bin', point_fg: 'prompt_point_embed_fg.bin', point_bg: 'prompt_point_embed_bg.bin',
@@ -22,6 +23,9 @@ const state = {
   config: null, manifest: null, size: 512, tokens: 3, backend: null, tables: null,
   encoder: null, decoder: null, image: null, width: 0, height: 0, features: null,
   history: [], prompt: { points: [], box: null }, decode: null, encodeMs: null, decodeMs: [],
+  // each image load has an identity: features and masks carry the load they belong to, and a click is
+  // decoded only against its own image's features (waiting for them while that image encodes)
+  load: 0, shown: 0, encoding: null, clickMs: [], waitedForEncoder: 0, showMask: true,
 };
 window.kestrel = state;  // read by the browser tests
 
@@ -99,7 +103,25 @@ async function start() {
 // ---- images -----------------------------------------------------------------------------------
 
 async function openImage(file) {
-  const bitmap = await createImageBitmap(file, { colorSpaceConversion: 'none', premultiplyAlpha: 'none' });
+  const load = ++state.load;  // from here on, anything of an earlier image is stale
+  state.features = null;
+  state.encoding = null;
+  state.decode = null;
+  state.encodeMs = null;
+  const name = file.name || 'the image';
+  status(`opening ${name}…`, 'busy');
+  let bitmap;
+  try {
+    const info = await inspectImage(file, { maxBytes: state.config.max_upload_bytes,
+                                            maxPixels: state.config.max_upload_pixels });
+    bitmap = await createImageBitmap(file, { colorSpaceConversion: 'none', premultiplyAlpha: 'none' }).catch((e) => {
+      throw new Error(`${name}: the browser could not decode this ${info.formatName} image (${e.message || e.name})`);
+    });
+  } catch (e) {
+    if (load === state.load) clearImage();  // nothing of the refused file, nor of the image before it, stays
+    throw e;
+  }
+  if (load !== state.load) return;  // another image was opened meanwhile
   const canvas = $('image');
   canvas.width = bitmap.width;
   canvas.height = bitmap.height;
@@ -109,16 +131,35 @@ async function openImage(file) {
   ctx.drawImage(bitmap, 0, 0);
   state.width = bitmap.width;
   state.height = bitmap.height;
+  bitmap.close?.();
   state.image = file;
   state.prompt = { points: [], box: null };
   state.history = [];
   state.decode = null;
+  state.shown = load;
   draw();
-  status('encoding…');
+  status(`encoding ${name}… (a click now is decoded once it is encoded)`, 'busy');
   const t0 = performance.now();
-  state.features = state.config.encode === 'server' ? await encodeOnServer(file) : await encodeInPage(ctx);
-  state.encodeMs = performance.now() - t0;
-  status(`encoded in ${state.encodeMs.toFixed(0)} ms: click (foreground), shift-click (background) or drag a box`);
+  state.encoding = (state.config.encode === 'server' ? encodeOnServer(file) : encodeInPage(ctx)).then((features) => {
+    if (load !== state.load) return null;  // a newer image took over: these features are never used
+    state.features = { ...features, load };
+    state.encodeMs = performance.now() - t0;
+    status(`${name} encoded in ${state.encodeMs.toFixed(0)} ms: click (foreground), shift-click (background) or drag a box`);
+    return state.features;
+  });
+  await state.encoding;
+}
+
+function clearImage() {
+  state.shown = 0;
+  state.image = null;
+  state.prompt = { points: [], box: null };
+  state.history = [];
+  for (const id of ['image', 'overlay']) {
+    const canvas = $(id);
+    canvas.getContext('2d').clearRect(0, 0, canvas.width, canvas.height);
+  }
+  draw();
 }
 
 async function encodeInPage(ctx) {
@@ -133,7 +174,10 @@ async function encodeInPage(ctx) {
 
 async function encodeOnServer(file) {
   const response = await fetch('/api/encode', { method: 'POST', body: file });
-  if (!response.ok) throw new Error(`the server refused the image: ${(await response.json()).error}`);
+  if (!response.ok) {
+    const why = await response.json().then((j) => j.error, () => `HTTP ${response.status}`);
+    throw new Error(`${file.name || 'the image'}: the server refused it: ${why}`);
+  }
   const buffer = await response.arrayBuffer();
   const headerBytes = new DataView(buffer).getUint32(0, true);
   const header = JSON.parse(new TextDecoder().decode(new Uint8Array(buffer, 4, headerBytes)));
@@ -147,12 +191,24 @@ async function encodeOnServer(file) {
 
 // ---- prompts and decoding ---------------------------------------------------------------------
 
-async function decode() {
-  const prompt = state.prompt;
-  if (!state.features || (!prompt.points.length && !prompt.box)) {
+let decodes = 0;  // only the latest decode's mask is drawn
+
+async function decode(clickedAt = performance.now()) {
+  const load = state.shown;
+  const turn = ++decodes;
+  const prompt = structuredClone(state.prompt);
+  if (!prompt.points.length && !prompt.box) {
     state.decode = null;
     draw();
     return;
+  }
+  let features = state.features;
+  if (!features || features.load !== load) {  // this image is still encoding: wait for its own features
+    if (!state.encoding) return;
+    state.waitedForEncoder += 1;
+    status(`encoding ${state.image?.name || 'the image'}… the click is decoded when it is done`, 'busy');
+    features = await state.encoding;
+    if (!features || features.load !== load || load !== state.load) return;  // another image took over
   }
   const size = state.size;
   const frame = (x, y) => toModelFrame(x, y, state.width, state.height, size);
@@ -167,29 +223,33 @@ async function decode() {
   const C = state.tables.not_a_point.length;
   const grid = size / 16;
   const feeds = {
-    image_embeddings: state.features.image_embeddings,
+    image_embeddings: features.image_embeddings,
     image_pe: new ort.Tensor('float32', state.tables.image_pe, [1, C, grid, grid]),
     sparse: new ort.Tensor('float32', sparse, [1, 1, state.tokens, C]),
     dense: new ort.Tensor('float32', state.tables.dense, [1, C, grid, grid]),
-    hr0: state.features.hr0,
-    hr1: state.features.hr1,
+    hr0: features.hr0,
+    hr1: features.hr1,
   };
   const t0 = performance.now();
   const out = await state.decoder.run(feeds);
   const ms = performance.now() - t0;
-  state.decodeMs.push(ms);
+  if (load !== state.load || turn !== decodes) return;  // a newer image or a newer click: not drawn
   const masks = out[state.decoder.outputNames[0]];
   const iou = out[state.decoder.outputNames[1]].data;
   let best = 0;
   for (let i = 1; i < iou.length; i++) if (iou[i] > iou[best]) best = i;
   const [, , h, w] = masks.dims;
   const logits = masks.data.slice(best * h * w, (best + 1) * h * w);
-  state.decode = { logits, h, w, best, iou: Array.from(iou), usedPoints: modelPrompt.points.length,
+  state.decode = { logits, h, w, best, iou: Array.from(iou), usedPoints: modelPrompt.points.length, load,
                    mask: upsample(logits, h, w, state.height, state.width) };
-  status(`mask ${best + 1} of 3 · predicted IoU ${iou[best].toFixed(3)} · decoded in ${ms.toFixed(1)} ms` +
+  draw();
+  const total = performance.now() - clickedAt;
+  state.decodeMs.push(ms);
+  state.clickMs.push(total);
+  status(`mask ${best + 1} of 3 · predicted IoU ${iou[best].toFixed(3)} · ${total.toFixed(0)} ms from the click to the ` +
+         `mask (decoder ${ms.toFixed(1)} ms)` +
          (modelPrompt.points.length < prompt.points.length
            ? ` · using the ${modelPrompt.points.length} most recent point(s) of ${prompt.points.length}` : ''));
-  draw();
 }
 
 // Bilinear resize of low-resolution logits to the image (align_corners=False, as torch's
@@ -211,25 +271,72 @@ export function upsample(logits, h, w, outH, outW) {
   return mask;
 }
 
-function change(update) {
+function change(update, clickedAt = performance.now()) {
   state.history.push(structuredClone(state.prompt));
   update(state.prompt);
-  return decode();
+  draw();  // the prompt shows at once, the mask when it is decoded
+  return decode(clickedAt);
 }
 
 // ---- drawing and input ------------------------------------------------------------------------
+
+// The mask's fill: of three bright colours, the one farthest from the image's mean colour under the mask.
+const FILLS = [[255, 0, 200], [0, 230, 255], [255, 225, 0]];
+function fillFor(mask) {
+  const pixels = $('image').getContext('2d', { willReadFrequently: true }).getImageData(0, 0, state.width, state.height).data;
+  const sum = [0, 0, 0];
+  let n = 0;
+  for (let i = 0; i < mask.length; i += 7) {
+    if (mask[i]) { sum[0] += pixels[i * 4]; sum[1] += pixels[i * 4 + 1]; sum[2] += pixels[i * 4 + 2]; n++; }
+  }
+  const mean = sum.map((v) => v / Math.max(n, 1));
+  const dist = (c) => c.reduce((d, v, k) => d + (v - mean[k]) ** 2, 0);
+  return FILLS.reduce((best, c) => (dist(c) > dist(best) ? c : best));
+}
+
+// The mask as an image: a translucent contrasting fill, and an outline (white inside, black outside the
+// edge) that shows on light and dark objects alike.
+function maskImage(ctx, mask) {
+  const W = state.width, H = state.height;
+  const img = ctx.createImageData(W, H);
+  const d = img.data;
+  const [r, g, b] = fillFor(mask);
+  const thick = Math.max(1, Math.round(Math.max(W, H) / 500));
+  const edge = (x, y) => {  // a mask pixel with a neighbour outside the mask, within `thick`
+    for (let k = 1; k <= thick; k++) {
+      if (x < k || y < k || x >= W - k || y >= H - k) return true;
+      if (!mask[y * W + x - k] || !mask[y * W + x + k] || !mask[(y - k) * W + x] || !mask[(y + k) * W + x]) return true;
+    }
+    return false;
+  };
+  const nearMask = (x, y) => {
+    for (let k = 1; k <= thick; k++) {
+      if ((x >= k && mask[y * W + x - k]) || (x < W - k && mask[y * W + x + k]) ||
+          (y >= k && mask[(y - k) * W + x]) || (y < H - k && mask[(y + k) * W + x])) return true;
+    }
+    return false;
+  };
+  for (let y = 0; y < H; y++) {
+    for (let x = 0; x < W; x++) {
+      const i = y * W + x, o = i * 4;
+      if (mask[i]) {
+        if (edge(x, y)) { d[o] = d[o + 1] = d[o + 2] = 255; d[o + 3] = 255; }
+        else { d[o] = r; d[o + 1] = g; d[o + 2] = b; d[o + 3] = 115; }
+      } else if (nearMask(x, y)) {
+        d[o] = d[o + 1] = d[o + 2] = 0; d[o + 3] = 255;
+      }
+    }
+  }
+  return img;
+}
 
 function draw(dragBox = null) {
   const canvas = $('overlay');
   const ctx = canvas.getContext('2d');
   ctx.clearRect(0, 0, canvas.width, canvas.height);
-  if (state.decode) {
-    const { mask } = state.decode;
-    const img = ctx.createImageData(state.width, state.height);
-    for (let i = 0; i < mask.length; i++) {
-      if (mask[i]) { img.data[i * 4] = 30; img.data[i * 4 + 1] = 144; img.data[i * 4 + 2] = 255; img.data[i * 4 + 3] = 110; }
-    }
-    ctx.putImageData(img, 0, 0);
+  if (state.decode && state.decode.load === state.shown && state.showMask) {
+    if (state.decode.image === undefined) state.decode.image = maskImage(ctx, state.decode.mask);
+    ctx.putImageData(state.decode.image, 0, 0);
   }
   const r = Math.max(4, Math.round(Math.max(state.width, state.height) / 120));
   for (const p of state.prompt.points) {
@@ -249,6 +356,7 @@ function draw(dragBox = null) {
   $('undo').disabled = !state.history.length;
   $('clear').disabled = !state.prompt.points.length && !state.prompt.box;
   $('download').disabled = !state.decode;
+  $('show-mask').disabled = !state.decode;
 }
 
 function imagePoint(event) {
@@ -261,7 +369,7 @@ function imagePoint(event) {
 
 let press = null;
 function onDown(event) {
-  if (!state.features) return;
+  if (!state.shown || state.shown !== state.load) return;  // no image, or the next one is still opening
   press = { start: imagePoint(event), shift: event.shiftKey, clientX: event.clientX, clientY: event.clientY };
 }
 function dragged(event) {
@@ -275,19 +383,20 @@ function onMove(event) {
 }
 function onUp(event) {
   if (!press) return;
+  const clickedAt = performance.now();
   const p = press;
   const isDrag = dragged(event);
   press = null;
   if (isDrag) {
     const box = boxFrom(p.start, imagePoint(event));
-    change((prompt) => { prompt.box = box; });
-  } else {
-    const label = p.shift ? BACKGROUND : FOREGROUND;
-    change((prompt) => { prompt.points.push({ ...p.start, label }); });
+    return change((prompt) => { prompt.box = box; }, clickedAt);
   }
+  const label = p.shift ? BACKGROUND : FOREGROUND;
+  return change((prompt) => { prompt.points.push({ ...p.start, label }); }, clickedAt);
 }
 
 function downloadMask() {
+  if (!state.decode || state.decode.load !== state.shown) return;
   const canvas = document.createElement('canvas');
   canvas.width = state.width;
   canvas.height = state.height;
@@ -324,6 +433,15 @@ function wire() {
   });
   $('clear').addEventListener('click', () => change((prompt) => { prompt.points = []; prompt.box = null; }).catch(fail));
   $('download').addEventListener('click', downloadMask);
+  $('show-mask').addEventListener('change', (e) => { state.showMask = e.target.checked; draw(); });
+  document.addEventListener('keydown', (e) => {
+    const typing = e.target.matches?.('input:not([type=checkbox]):not([type=file]), textarea');
+    if (e.key === 'm' && !e.ctrlKey && !e.metaKey && !e.altKey && !typing) {
+      $('show-mask').checked = !$('show-mask').checked;
+      state.showMask = $('show-mask').checked;
+      draw();
+    }
+  });
   const stage = $('stage');
   stage.addEventListener('dragover', (e) => { e.preventDefault(); stage.classList.add('drop'); });
   stage.addEventListener('dragleave', () => stage.classList.remove('drop'));
