@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from kestrel.runtime.pages import file_pages, release_file_pages
+from kestrel.kernels.pages import file_pages, release_file_pages
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise and /proc are Linux's")
 

@@ -328,8 +328,8 @@ def test_decomposed_attention_slices_give_the_same_numbers(budget, grad):
 def test_decomposed_attention_measures_its_slice_size_once_per_shape(tmp_path, monkeypatch):
     """Eager inference times every candidate slice budget at a shape's first call, keeps the fastest in the
     calibration table, and gives the same numbers whichever it runs."""
-    from kestrel.runtime import calibrate
-    from kestrel.std import ops_attention
+    from kestrel.kernels import attention as ops_attention
+    from kestrel.kernels import calibration as calibrate
 
     monkeypatch.setenv("KESTREL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("KESTREL_ATTENTION_BUDGET", raising=False)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
+
+from ..kernels import settings
 
 DESCRIPTION = """\
 A local web page that segments with SAM 2.1 in the browser. Open or drop an image: the encoder runs
@@ -27,9 +28,9 @@ examples:
 
 def vendor_dir() -> Path:
     """onnxruntime-web's ``dist`` folder: ``$KESTREL_ORT_DIR``, else the checkout's ``web/node_modules``."""
-    env = os.environ.get("KESTREL_ORT_DIR")
-    if env:
-        return Path(env)
+    env = settings.ort_dir()
+    if env is not None:
+        return env
     return Path(__file__).resolve().parents[3] / "web" / "node_modules" / "onnxruntime-web" / "dist"
 
 
@@ -76,7 +77,7 @@ def cached_edge_export(model, size: int) -> Path:
 
     from .. import __version__
     from ..export.edge import export_edge
-    from ..runtime.cache import cache_dir
+    from ..kernels.settings import cache_dir
 
     loaded = model.loaded
     files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in loaded.directory.glob("*.safetensors"))

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .. import kernels
 from ..checker.symbolic import (
     METHODS,
     ShapeError,
@@ -30,7 +31,6 @@ from ..checker.symbolic import (
 from ..shapes.poly import ONE, Poly, floordiv, ge_text
 from ..types.dtypes import DType, DTypeVar, bool_, f32, i64
 from ..types.tensor import TensorType, Variadic
-from . import kernels
 
 # ------------------------------------------------------------------------------------ helpers
 
@@ -225,14 +225,16 @@ gelu.rule(_gelu_rule("gelu"))
 
 @op("gelu_")
 def gelu_(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
-    """GELU of a temporary nothing else reads (an MLP's hidden layer): in place in eager inference.
+    """GELU that consumes its argument: ``x`` may be overwritten with the result.
 
-    An MLP's hidden activation is the largest tensor of a ViT layer (135 MB for DINOv2-B at 518 px,
-    batch 8); a second one for GELU's output costs an allocation, fresh pages and a pass of memory
-    (that GELU took 45 ms out of place, 13 in place). Compiled, exported and autograd graphs get the
-    out-of-place op. Never pass a tensor the caller still uses.
+    The contract: pass a temporary nothing else reads, written inline (``gelu_(self.up(x))``, never a
+    name the caller uses again); ``tests/test_layers.py`` checks every call in Kestrel's sources is
+    such an expression. It then runs in place in eager inference on a plain tensor, and out of place
+    everywhere else: a parameter, a tensor autograd records, compiled, traced and exported graphs.
+    An MLP's hidden activation is the largest tensor of a ViT layer; a second one for GELU's output
+    costs an allocation, fresh pages and a pass of memory (figures in the README's Speed section).
     """
-    if kernels.plain_inference(x):
+    if type(x) is torch.Tensor and kernels.plain_inference(x):
         if approximate == "tanh":
             return kernels.gelu_tanh_(x)
         return torch.ops.aten.gelu_(x, approximate=approximate)
@@ -250,7 +252,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """``x @ weight.T + bias`` over the last axis: ``[*S, In] -> [*S, Out]``.
 
     Kernel: for eager f32 inference on CPU, the GEMM path measured fastest for this shape on this
-    machine (:mod:`kestrel.std.kernels`: torch's default, oneDNN or MKL's packed GEMM, all within
+    machine (:mod:`kestrel.kernels.gemm`: torch's default, oneDNN or MKL's packed GEMM, all within
     ~1e-6 relative of each other); ``F.linear`` in compiled, exported and autograd graphs.
     """
     return kernels.linear(x, weight, bias)
@@ -397,7 +399,7 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None, stride: An
 def conv_transpose2x2(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Transposed 2x2 convolution with stride 2: ``[B, Cin, H, W] -> [B, Cout, 2H, 2W]``.
 
-    Kernel: a GEMM over pixels in eager CPU inference (:func:`kestrel.std.kernels.conv_transpose2x2`,
+    Kernel: a GEMM over pixels in eager CPU inference (:func:`kestrel.kernels.gemm.conv_transpose2x2`,
     channels-last result), ``F.conv_transpose2d`` in compiled, exported and autograd graphs.
     """
     return kernels.conv_transpose2x2(x, weight, bias)

@@ -20,8 +20,9 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
-import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+
+from . import settings
 
 # mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -47,7 +48,7 @@ def retain_freed_memory() -> bool:
     if "applied" in _state:
         return _state["applied"]
     applied = False
-    if os.environ.get("KESTREL_MALLOC", "").strip().lower() != "system":
+    if not settings.system_malloc():
         libc = glibc()
         if libc is not None:
             applied = bool(libc.mallopt(_M_MMAP_THRESHOLD, RETAIN_BYTES)) and bool(
@@ -88,6 +89,18 @@ def note_burst() -> None:
 def bursts() -> int:
     """How many bursts were recorded so far: an entry that saw the count move releases free memory after."""
     return _bursts[0]
+
+
+def release_after_burst() -> Callable[[], None]:
+    """An entry hook (:data:`kestrel.blocks.block.ENTRY_HOOKS`): called as an entry starts, it returns
+    what to run when the entry returns, which releases free memory when a burst was recorded inside."""
+    before = _bursts[0]
+
+    def after() -> None:
+        if _bursts[0] != before:  # a calibration ran inside: its freed pages go back now
+            release_free_memory()
+
+    return after
 
 
 def release_free_memory() -> None:
