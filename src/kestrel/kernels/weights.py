@@ -51,19 +51,30 @@ class WeightCache:
 
     def get(self, kind: str, owners: Sequence[torch.Tensor], extra: Hashable = None) -> Any:
         """The value kept for ``owners`` (and ``extra``) under ``kind``; None when absent or stale."""
-        key = (kind, tuple(map(id, owners)), extra)
+        # on the path of every linear call: one owner is checked without building tuples
+        if len(owners) == 1:
+            owner = owners[0]
+            key: tuple = (kind, extra, id(owner))
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            if entry.refs[0]() is owner and entry.versions[0] == version(owner):
+                return entry.value
+            del self._entries[key]
+            return None
+        key = _key(kind, owners, extra)
         entry = self._entries.get(key)
         if entry is None:
             return None
         for ref, v, o in zip(entry.refs, entry.versions, owners):
             if ref() is not o or v != version(o):
-                self._entries.pop(key, None)
+                del self._entries[key]
                 return None
         return entry.value
 
     def put(self, kind: str, owners: Sequence[torch.Tensor], value: Any, extra: Hashable = None) -> Any:
         """Keep ``value`` for ``owners`` (replacing what was kept); returns it."""
-        key = (kind, tuple(map(id, owners)), extra)
+        key = _key(kind, owners, extra)
         self._entries.pop(key, None)  # the old value goes before the new one is kept
         self._serial += 1
         self._entries[key] = _Entry(owners, value, self._serial, self._dropper(key, self._serial))
@@ -77,7 +88,7 @@ class WeightCache:
 
     def pop(self, kind: str, owners: Sequence[torch.Tensor], extra: Hashable = None) -> None:
         """Forget the value kept for ``owners`` under ``kind``."""
-        self._entries.pop((kind, tuple(map(id, owners)), extra), None)
+        self._entries.pop(_key(kind, owners, extra), None)
 
     def clear(self, *kinds: str) -> None:
         """Forget every value of these kinds (of all kinds when none is named)."""
@@ -120,7 +131,7 @@ class WeightCache:
 
     def _fused(self, parts: Sequence[torch.Tensor]) -> torch.Tensor | None:
         # identity only: moving the storage (``p.data = ...``) is this cache's own doing
-        entry = self._entries.get(("fused", tuple(map(id, parts)), None))
+        entry = self._entries.get(_key("fused", parts, None))
         if entry is None or any(r() is not p for r, p in zip(entry.refs, parts)):
             return None
         return entry.value
@@ -135,6 +146,10 @@ class WeightCache:
                 del cache._entries[key]
 
         return drop
+
+
+def _key(kind: str, owners: Sequence[torch.Tensor], extra: Hashable) -> tuple:
+    return (kind, extra, *map(id, owners))
 
 
 def adjacent(parts: Sequence[torch.Tensor]) -> torch.Tensor | None:
