@@ -1,4 +1,4 @@
-"""Session-wide test settings."""
+"""Session-wide test settings and the fixtures several test modules share."""
 
 from __future__ import annotations
 
@@ -19,3 +19,15 @@ def _private_kestrel_cache(tmp_path_factory: pytest.TempPathFactory):
         yield
     finally:
         os.environ.pop("KESTREL_CACHE_DIR", None)
+
+
+@pytest.fixture(scope="session")
+def sam2_small(tmp_path_factory: pytest.TempPathFactory):
+    """A small SAM 2.1 checkpoint (Hiera-tiny's layout at small widths, seeded random weights) saved by
+    transformers: ``(reference Sam2Model, directory)``."""
+    from reference import seeded_sam2, small_config
+
+    ref = seeded_sam2(small_config(1024))
+    path = tmp_path_factory.mktemp("sam2-small")
+    ref.save_pretrained(path)
+    return ref, path

@@ -14,15 +14,10 @@ from transformers import SamProcessor
 from transformers.models.sam.image_processing_pil_sam import SamImageProcessorPil
 
 import kestrel
-from kestrel.pipelines.sam_processing import Prompt, PromptError, SamImageProcessor, prompt_tensors
-from kestrel.pipelines.segment import (
-    EmbeddingError,
-    ImageEmbedding,
-    SamSegmenter,
-    image_digest,
-    load_embedding,
-    save_embedding,
-)
+from kestrel.pipelines.prompts import Prompt, PromptError
+from kestrel.pipelines.sam_processing import SamImageProcessor, prompt_tensors
+from kestrel.pipelines.segment import EmbeddingError, SamSegmenter, load_embedding, save_embedding
+from kestrel.pipelines.segmenter import ImageEmbedding, image_digest
 from reference import rel_diff
 from test_sam import SMALL, _seeded_sam
 

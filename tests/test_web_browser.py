@@ -93,7 +93,7 @@ def servers(edge):
 def reference(edge):
     """Kestrel's Python decode of a page prompt: its preprocessing, prompt composer and ``decode_tokens``."""
     import kestrel
-    from kestrel.pipelines.sam2_prompts import PromptTables, compose
+    from kestrel.pipelines.sam2_processing import PromptTables, compose
     from kestrel.pipelines.sam2_segment import Sam2Segmenter
 
     model_dir, _, image_path = edge

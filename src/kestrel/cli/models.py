@@ -16,6 +16,7 @@ from ..checker.check import Report, check_program
 from ..errors import KestrelError, UsageError
 from ..inspect import format_parameters, format_program, program_json
 from ..inspect.manifest import parameter_rows
+from ..models import capabilities
 from ..models.cards import CARDS, Card, CardError, family_for_config, find_card
 from . import args as types
 
@@ -196,7 +197,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     check_model_name(args.model)
     out = prepare_output_dir(args.out)  # before the work
     model = load(args.model, weights=args.weights, **_size_generics(args))
-    if args.target == "onnx" and not _is_edge_split(model):
+    if args.target == "onnx" and capabilities.of(model).recipe == "entries":
         from ..export.onnx import export_onnx
 
         for path in export_onnx(model, out, batch=args.batch):
@@ -231,12 +232,6 @@ def _size_generics(args: argparse.Namespace) -> dict[str, int]:
     if {"Height", "Width"} <= set(family.resizable):
         return {"Height": args.size, "Width": args.size}
     raise CardError(f"--size: {family.name} is bound at its checkpoint's image size (it cannot be rebound)")
-
-
-def _is_edge_split(model: object) -> bool:
-    from ..export.edge_sam2 import is_sam2
-
-    return is_sam2(model)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:

@@ -29,7 +29,7 @@ prints each mask's predicted IoU.
 
 
 def _numbers(text: str, n: int, what: str) -> list[float]:
-    from ..pipelines.sam_processing import PromptError
+    from ..pipelines.prompts import PromptError
 
     parts = text.split(",")
     try:
@@ -45,7 +45,7 @@ def _numbers(text: str, n: int, what: str) -> list[float]:
 
 def parse_point(text: str) -> tuple[tuple[float, float], int]:
     """``X,Y`` or ``X,Y:LABEL`` (label 1 by default)."""
-    from ..pipelines.sam_processing import PromptError
+    from ..pipelines.prompts import PromptError
 
     xy, _, label = text.partition(":")
     x, y = _numbers(xy, 2, "--point")
@@ -63,7 +63,7 @@ def parse_box(text: str) -> tuple[float, float, float, float]:
 
 def build_prompts(points: list[str], boxes: list[str]) -> list[Any]:
     """``--point``s make one object; each ``--box`` one object, sharing the points when both are given."""
-    from ..pipelines.sam_processing import Prompt
+    from ..pipelines.prompts import Prompt
 
     parsed = [parse_point(p) for p in points]
     xy, labels = [p for p, _ in parsed], [lab for _, lab in parsed]
@@ -80,7 +80,7 @@ def _describe(prompt: Any) -> str:
 
 
 def _check_out(out: Path) -> None:
-    from ..pipelines.sam_processing import PromptError
+    from ..pipelines.prompts import PromptError
 
     if out.exists() and not out.is_dir():
         raise PromptError(f"--out {out}: exists and is not a directory")
@@ -107,8 +107,9 @@ def cmd_segment(args: argparse.Namespace) -> int:
 
     from ..pipelines.images import load_image
     from ..pipelines.overlay import draw_overlay
-    from ..pipelines.sam_processing import PromptError
-    from ..pipelines.segment import image_digest, load_embedding, save_embedding, segmenter_for
+    from ..pipelines.prompts import PromptError
+    from ..pipelines.segment import load_embedding, save_embedding, segmenter_for
+    from ..pipelines.segmenter import image_digest
     from .tasks import _load
 
     if args.everything and _dataset_mode(args):
@@ -154,7 +155,7 @@ def cmd_segment(args: argparse.Namespace) -> int:
             array = np.load(mask_file, allow_pickle=False)
         else:
             array = np.array(Image.open(mask_file).convert("L"))
-        mask_input = seg.processor.mask_prompt(array, emb.original_size)  # type: ignore[attr-defined]
+        mask_input = seg.mask_prompt(array, emb.original_size)
 
     decoded = seg.decode(emb, prompts, multimask=args.multimask, mask_input=mask_input)
     order = torch.argsort(decoded.iou, dim=1, descending=True)  # best first within each prompt
@@ -223,7 +224,7 @@ def _dataset_mode(args: argparse.Namespace) -> bool:
 
 def _everything_dataset(args: argparse.Namespace) -> int:
     """Every object of every image of a dataset: Parquet shards, one row per image with COCO RLE masks."""
-    from ..pipelines.sam_processing import PromptError
+    from ..pipelines.prompts import PromptError
     from .datasets import run_dataset
 
     if args.point or args.box or args.mask_input or args.embeddings:

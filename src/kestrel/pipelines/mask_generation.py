@@ -28,7 +28,6 @@ import numpy as np
 import torch
 
 from . import rle
-from .sam_processing import preprocess_shape
 
 
 @dataclass
@@ -133,7 +132,7 @@ def generate_masks(segmenter: Any, image: Any, points_per_side: int = 32, points
                    progress: bool = False) -> MaskGenerationResult:
     """Every object in ``image`` (a path or PIL image): masks as COCO RLE with scores, best first.
 
-    ``segmenter`` is a SAM :class:`~kestrel.pipelines.segment.SamSegmenter`. The defaults are the
+    ``segmenter`` is any :class:`~kestrel.pipelines.segmenter.Segmenter` (SAM, SAM 2.1). The defaults are the
     transformers pipeline's (and Segment Anything's automatic generator's, bar its per-crop NMS).
     """
     from PIL import Image
@@ -148,7 +147,6 @@ def generate_masks(segmenter: Any, image: Any, points_per_side: int = 32, points
     size = (photo.height, photo.width)
     crops, layers = crop_boxes(size, crops_n_layers, crop_overlap_ratio)
     grids = [point_grid(int(points_per_side / crop_n_points_downscale_factor ** i)) for i in range(crops_n_layers + 1)]
-    longest = segmenter.processor.longest_edge
 
     kept: dict[str, list[Any]] = {k: [] for k in ("rles", "scores", "stability", "boxes", "areas", "points", "crops")}
     total = sum(len(grids[layer]) for layer in layers)
@@ -159,14 +157,12 @@ def generate_masks(segmenter: Any, image: Any, points_per_side: int = 32, points
         emb = segmenter.encode(crop_image)
         ch, cw = emb.original_size
         pts_px = grids[layer] * np.array([cw, ch])[None, :]  # in pixels of the crop
-        nh, nw = preprocess_shape(ch, cw, longest)
-        pts = pts_px * np.array([nw / cw, nh / ch])[None, :]  # in the model frame (float64 as upstream)
+        pts = segmenter.frame_points(pts_px, (ch, cw))  # in the model frame (float64 as upstream)
         for b0 in range(0, len(pts), points_per_batch):
             batch = torch.from_numpy(pts[b0: b0 + points_per_batch]).float()
             n = batch.shape[0]
-            masks, iou = segmenter.decode_tensors(emb, batch.reshape(1, n, 1, 2),
-                                                  torch.ones(1, n, 1, dtype=torch.int32), None)
-            low_res, iou = masks[:, 1:].flatten(0, 1), iou[:, 1:].flatten(0, 1)  # the three multimask outputs
+            masks, iou = segmenter.decode_grid(emb, batch)  # the three multimask outputs of each point
+            low_res, iou = masks.flatten(0, 1), iou.flatten(0, 1)
             owner = torch.arange(n).repeat_interleave(3) + b0
             keep = iou > pred_iou_thresh if pred_iou_thresh > 0 else torch.ones_like(iou, dtype=torch.bool)
             for c0 in range(0, len(low_res), mask_chunk):  # full-size masks a chunk at a time
