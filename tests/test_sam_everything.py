@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 import kestrel
-from kestrel.pipelines import rle
+from kestrel.pipelines import coco as rle
 from kestrel.pipelines.mask_generation import box_nms, crop_boxes, generate_masks, mask_boxes, point_grid
 from kestrel.pipelines.segment import SamSegmenter
 from test_sam import SMALL, _seeded_sam

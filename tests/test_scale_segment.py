@@ -9,9 +9,9 @@ from PIL import Image
 from transformers.models.sam.image_processing_pil_sam import SamImageProcessorPil
 
 from kestrel.cli.main import main
+from kestrel.pipelines.coco import coco_annotations, decode
 from kestrel.pipelines.images import load_image
 from kestrel.pipelines.mask_generation import generate_masks
-from kestrel.pipelines.rle import coco_annotations, decode
 from kestrel.pipelines.segment import SamSegmenter
 from test_sam import SMALL, _seeded_sam
 

@@ -193,9 +193,9 @@ def _everything(args: argparse.Namespace, seg: Any, photo: Any, out: Path) -> in
     import numpy as np
     from PIL import Image
 
+    from ..pipelines.coco import coco_annotations
     from ..pipelines.mask_generation import generate_masks
     from ..pipelines.overlay import draw_overlay
-    from ..pipelines.rle import coco_annotations
 
     result = generate_masks(seg, photo, points_per_side=args.points_per_side, points_per_batch=args.points_per_batch,
                             pred_iou_thresh=args.pred_iou_thresh, stability_score_thresh=args.stability_score_thresh,

@@ -204,8 +204,8 @@ class ShardTask:
 
     def _everything(self, image: Any) -> list[dict[str, Any]]:
         """Segment-everything masks of one image as COCO annotations (``segmentation`` in COCO RLE)."""
+        from .coco import coco_annotations
         from .mask_generation import generate_masks
-        from .rle import coco_annotations
 
         result = generate_masks(self.segmenter, image, **dict(self.spec.options))
         return [{k: v for k, v in ann.items() if k != "id"} for ann in coco_annotations(result)["annotations"]]

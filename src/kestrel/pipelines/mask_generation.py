@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import rle
+from . import coco
 
 
 @dataclass
@@ -46,7 +46,7 @@ class MaskGenerationResult:
     @property
     def masks(self) -> list[np.ndarray]:
         """The masks as bool ``[H, W]`` arrays (decoded from the RLEs)."""
-        return [rle.decode(r) for r in self.rles]
+        return [coco.decode(r) for r in self.rles]
 
 
 def point_grid(n_per_side: int) -> np.ndarray:
@@ -181,7 +181,7 @@ def generate_masks(segmenter: Any, image: Any, points_per_side: int = 32, points
                     m = binary[j]
                     if (x0, y0, x1, y1) != (0, 0, size[1], size[0]):
                         m = torch.nn.functional.pad(m, (x0, size[1] - x1, y0, size[0] - y1))
-                    kept["rles"].append(rle.encode(m))
+                    kept["rles"].append(coco.encode(m))
                     kept["scores"].append(float(iou[sel[j]]))
                     kept["stability"].append(float(stab[j]))
                     kept["boxes"].append((boxes[j] + torch.tensor([x0, y0, x0, y0])).tolist())
