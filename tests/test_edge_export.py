@@ -22,7 +22,7 @@ transformers = pytest.importorskip("transformers")
 import kestrel  # noqa: E402
 from kestrel.cli.main import main  # noqa: E402
 from kestrel.export import edge_sam2  # noqa: E402
-from kestrel.export.edge import read_table  # noqa: E402
+from kestrel.export.recipe import read_table  # noqa: E402
 from kestrel.export.validation import pte_runner  # noqa: E402
 from kestrel.pipelines.prompts import Prompt  # noqa: E402
 from seeds import SEEDS  # noqa: E402

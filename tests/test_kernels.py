@@ -16,8 +16,7 @@ from kestrel.kernels import calibration as calibrate
 from kestrel.kernels import gemm as kernels
 from kestrel.kernels.weights import WEIGHTS, adjacent
 from kestrel.std import ops
-from reference import rel_diff, seeded
-from test_pages import _resident_pages
+from reference import rel_diff, resident_pages, seeded
 
 
 @pytest.fixture(autouse=True)
@@ -121,7 +120,7 @@ def test_a_checkpoint_weight_runs_packed_in_the_place_of_its_file_pages(tmp_path
         assert kernels.choose(x, w, b) == "mkl-packed"
         assert rel_diff(ops.linear(x, w, b), want) < 1e-6
     assert WEIGHTS.get("packed", (w,)) is not None and file_pages(w)
-    assert _resident_pages(w) == 0  # the weight's own pages were handed back after packing
+    assert resident_pages(w) == 0  # the weight's own pages were handed back after packing
     # the same shape on a weight built in memory: packing it would be a second copy, so the in-place
     # kernel runs, unless KESTREL_WEIGHT_COPIES=1 allows the copy
     heap = torch.nn.Parameter(w.clone(), requires_grad=False)
@@ -164,7 +163,7 @@ def test_fused_projection_packs_as_one_gemm_in_the_place_of_the_parts_pages(tmp_
     group = WEIGHTS.get("packed-group", ws)
     assert group.rows == 20 and group.shape.shape == (288, 64)
     assert adjacent(ws) is None  # no fused buffer: the parameters stay where they were
-    assert all(_resident_pages(w) == 0 for w in ws)  # their pages handed back to the file
+    assert all(resident_pages(w) == 0 for w in ws)  # their pages handed back to the file
     with torch.no_grad():  # written to: the group is not used any more, and the numbers follow
         ws[1].mul_(3)
         outs = ops.fused_linear(x, ws, bs)
