@@ -9,9 +9,8 @@ head, the slice size measured per machine and shape. Per slice, in one scores bu
 slice to slice: the two terms broadcast into it (``rel_h + rel_w``, one pass), ``q k^T * scale``
 accumulated onto them by the GEMM (``baddbmm``), the softmax in place, times ``v``. Against the
 reference's order (``(q k^T + rel_h) + rel_w``) that is a rounding-level difference (~5e-7 relative)
-and three fewer passes over each slice: on ViT-B at 1024 px a global layer's attention went from 475
-to 342 ms (2 threads, 64 MB slices), and to ~300 ms with 16 MB slices. Compiled, exported and
-autograd graphs take the plain out-of-place form.
+and three fewer passes over each slice (measured figures: README, "Measurements behind the kernels").
+Compiled, exported and autograd graphs take the plain out-of-place form.
 """
 
 from __future__ import annotations
@@ -24,9 +23,9 @@ from . import allocator, calibration, settings
 from .library import plain_inference
 
 # Bytes of scores one slice may hold. The slice size trades cache reuse against per-slice overhead
-# and which one is fastest depends on the machine's caches: on one, 16 MB ran SAM ViT-B's encoder 8%
-# faster than 64 MB. So the first call of a shape on a machine times these candidates on its own data
-# and the calibration table keeps the choice; KESTREL_ATTENTION_BUDGET fixes it (bytes) instead.
+# and which one is fastest depends on the machine's caches (README: one machine's figures). So the first
+# call of a shape on a machine times these candidates on its own data and the calibration table keeps
+# the choice; KESTREL_ATTENTION_BUDGET fixes it (bytes) instead.
 SLICE_CANDIDATES = (4 << 20, 16 << 20, 64 << 20)
 DEFAULT_BUDGET = 16 << 20  # when calibration is off, or for traced graphs
 ROUNDS = 2

@@ -132,8 +132,7 @@ def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     if live and copies > 1:
         # one allocation for all copies, mapped apart from the heap and handed back to the system when
         # freed: from the heap they would stay resident, among the activations of the forward that is
-        # calibrating, and steer where its later calls' activations land (DINOv2-B 518 batch 8 calibrating
-        # in its first call: 877-991 MB peak in the calls after it with heap copies, 753-849 apart)
+        # calibrating, and steer where its later calls' activations land (README: the peaks measured)
         with allocator.mapped_apart():
             weights += weight.expand(copies - 1, *weight.shape).clone().unbind(0)
     best = {name: float("inf") for name in live}
@@ -221,7 +220,7 @@ def conv_transpose2x2(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     and adds the bias. The result is laid out channels-last (strides, not shape): a channel norm, an
     activation or a second such convolution after it then reads it with the grain, and an input that
     is already channels-last (SAM's decoder hands over its image tokens that way) is read without a
-    copy. In SAM's decoder this took a decode from 37 to 30 ms against oneDNN's deconvolution.
+    copy (SAM's decoder, against oneDNN's deconvolution: README, "Measurements behind the kernels").
     """
     if not (eager_ok(x, weight) and x.dim() == 4 and weight.shape[2:] == (2, 2)) or x.numel() == 0:
         return F.conv_transpose2d(x, weight, bias, stride=2)
