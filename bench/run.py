@@ -532,7 +532,7 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
             return spec.output(entry(*xs))
 
         if variant == "kestrel":  # measure every GEMM shape now (or read the cached choices): not timed
-            from kestrel.runtime import calibrate
+            from kestrel.kernels import calibration as calibrate
 
             t = time.perf_counter()
             with torch.no_grad():
@@ -732,7 +732,7 @@ HEADER = (f"{'variant':<22} {'batch':>5} {'median s':>9} {'min s':>8}  {'x HF':>
 
 
 def format_choices(rows: list[Any]) -> list[str]:
-    from kestrel.runtime import calibrate
+    from kestrel.kernels import calibration as calibrate
 
     return calibrate.format_choices([(shape, entry) for shape, entry in rows])
 

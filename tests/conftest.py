@@ -1,4 +1,4 @@
-"""Session-wide test settings."""
+"""Session-wide test settings and the fixtures several test modules share."""
 
 from __future__ import annotations
 
@@ -19,3 +19,98 @@ def _private_kestrel_cache(tmp_path_factory: pytest.TempPathFactory):
         yield
     finally:
         os.environ.pop("KESTREL_CACHE_DIR", None)
+
+
+@pytest.fixture(scope="session")
+def sam2_small(tmp_path_factory: pytest.TempPathFactory):
+    """A small SAM 2.1 checkpoint (Hiera-tiny's layout at small widths, seeded random weights) saved by
+    transformers: ``(reference Sam2Model, directory)``."""
+    from reference import seeded_sam2, small_config
+
+    ref = seeded_sam2(small_config(1024))
+    path = tmp_path_factory.mktemp("sam2-small")
+    ref.save_pretrained(path)
+    return ref, path
+
+
+@pytest.fixture(scope="session")
+def spiece_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A small unigram model with SigLIP's special ids (<pad>=0, </s>=1, <unk>=2, no <s>)."""
+    import random
+
+    import sentencepiece as spm
+
+    rng = random.Random(0)
+    words = "a an the of photo picture dog cat bird car tree house red blue small big sleeping running".split()
+    words += ["".join(rng.choices("ka lo mi ne ra to su vi pe ba".split(), k=rng.randint(1, 3))) for _ in range(60)]
+    lines = [" ".join(rng.choices(words, k=rng.randint(3, 9))) for _ in range(600)]
+    folder = tmp_path_factory.mktemp("spiece")
+    (folder / "corpus.txt").write_text("\n".join(lines), encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(folder / "corpus.txt"), model_prefix=str(folder / "spiece"), model_type="unigram",
+        vocab_size=80, pad_id=0, eos_id=1, unk_id=2, bos_id=-1, pad_piece="<pad>", eos_piece="</s>",
+        unk_piece="<unk>", minloglevel=2,
+    )
+    return str(folder / "spiece.model")
+
+
+@pytest.fixture
+def siglip_dir(spiece_model, tmp_path):
+    """A small SigLIP checkpoint with its tokenizer and processor saved, two photos, and the reference's output
+    for them against ``SIGLIP_LABELS`` in ``SIGLIP_TEMPLATE``: ``(directory, photo paths, reference output)``."""
+    import warnings
+
+    import numpy as np
+    import torch
+    import transformers
+    from PIL import Image
+
+    from reference import SIGLIP_LABELS, SIGLIP_TEMPLATE, build_siglip
+
+    ref = build_siglip(
+        vision=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4, image_size=32,
+                    patch_size=8),
+        text=dict(vocab_size=80, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+                  max_position_embeddings=16))
+    tok = transformers.SiglipTokenizer(vocab_file=spiece_model, model_max_length=16)
+    proc = transformers.SiglipImageProcessorPil(size={"height": 32, "width": 32})
+    d = tmp_path / "siglip"
+    for part in (ref, tok, proc):
+        part.save_pretrained(d)
+    rng = np.random.default_rng(1)
+    paths = []
+    for i, (h, w) in enumerate([(40, 56), (32, 32)]):
+        paths.append(tmp_path / f"img{i}.png")
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(paths[-1])
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        ids = tok([SIGLIP_TEMPLATE.format(t) for t in SIGLIP_LABELS], padding="max_length", max_length=16,
+                  truncation=True, return_tensors="pt")
+        pixels = proc([Image.open(p) for p in paths], return_tensors="pt")["pixel_values"]
+        out = ref(input_ids=ids["input_ids"], pixel_values=pixels)
+    return d, paths, out
+
+
+@pytest.fixture
+def hermetic(monkeypatch, tmp_path):
+    """Offline, HF env pointing into tmp_path, and an HTTP client that records (and refuses) every request
+    (use with ``pytestmark = pytest.mark.usefixtures("hermetic")``)."""
+    import httpx2
+    import huggingface_hub
+    from huggingface_hub.utils import _http as hf_http
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "XDG_CACHE_HOME", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    requests: list[str] = []
+
+    def refuse(request: httpx2.Request) -> httpx2.Response:
+        requests.append(f"{request.method} {request.url}")
+        return httpx2.Response(599, text="network access is not allowed in tests")
+
+    huggingface_hub.set_client_factory(lambda: httpx2.Client(transport=httpx2.MockTransport(refuse)))
+    yield requests
+    huggingface_hub.set_client_factory(hf_http.default_client_factory)
+    assert requests == [], f"a test tried to reach the network: {requests}"

@@ -1,4 +1,4 @@
-"""runtime.allocator: freed activations stay in the process (glibc), and KESTREL_MALLOC=system opts out."""
+"""kernels.allocator: freed activations stay in the process (glibc), and KESTREL_MALLOC=system opts out."""
 
 import os
 import platform
@@ -9,7 +9,7 @@ import pytest
 
 PROBE = r"""
 import ctypes, os, resource
-from kestrel.runtime.allocator import retain_freed_memory
+from kestrel.kernels.allocator import retain_freed_memory
 applied = retain_freed_memory()
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
@@ -54,7 +54,7 @@ def test_an_entry_that_calibrated_hands_freed_memory_back_once(monkeypatch):
     import torch
 
     from kestrel.blocks import Block, Dim, Float, entry, f32
-    from kestrel.runtime import allocator
+    from kestrel.kernels import allocator
 
     class Bursty(Block, module="test.allocator"):
         D: Dim

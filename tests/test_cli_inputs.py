@@ -267,7 +267,8 @@ def test_a_box_outside_the_image_is_refused(capsys, no_load, photo, tmp_path):
 
 def test_the_prompt_rule_holds_in_python_too():
     from kestrel.pipelines.input_rules import InputRuleError, as_json
-    from kestrel.pipelines.sam_processing import Prompt, SamImageProcessor, prompt_tensors
+    from kestrel.pipelines.prompts import Prompt
+    from kestrel.pipelines.sam_processing import SamImageProcessor, prompt_tensors
 
     proc = SamImageProcessor()
     prompt_tensors([Prompt([(64.0, 48.0), (0.0, 0.0)], [1, 0])], (48, 64), proc)  # the edges are inside

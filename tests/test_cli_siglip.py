@@ -3,46 +3,18 @@
 from __future__ import annotations
 
 import json
-import warnings
 
-import numpy as np
 import pytest
 import torch
-import transformers
-from PIL import Image
 from safetensors import safe_open
 
 from kestrel.cli.main import main
-from test_siglip import build_reference, spiece_model  # noqa: F401  (module-scoped fixture)
+from reference import SIGLIP_LABELS, SIGLIP_TEMPLATE
 
-LABELS = ["dog", "a red car", "sleeping cat"]
-TEMPLATE = "a photo of {}."
+LABELS, TEMPLATE = SIGLIP_LABELS, SIGLIP_TEMPLATE
 
 
-@pytest.fixture
-def siglip_dir(spiece_model, tmp_path):  # noqa: F811
-    ref = build_reference(
-        vision=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4, image_size=32,
-                    patch_size=8),
-        text=dict(vocab_size=80, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
-                  max_position_embeddings=16))
-    tok = transformers.SiglipTokenizer(vocab_file=spiece_model, model_max_length=16)
-    proc = transformers.SiglipImageProcessorPil(size={"height": 32, "width": 32})
-    d = tmp_path / "siglip"
-    for part in (ref, tok, proc):
-        part.save_pretrained(d)
-    rng = np.random.default_rng(1)
-    paths = []
-    for i, (h, w) in enumerate([(40, 56), (32, 32)]):
-        paths.append(tmp_path / f"img{i}.png")
-        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(paths[-1])
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        ids = tok([TEMPLATE.format(t) for t in LABELS], padding="max_length", max_length=16, truncation=True,
-                  return_tensors="pt")
-        pixels = proc([Image.open(p) for p in paths], return_tensors="pt")["pixel_values"]
-        out = ref(input_ids=ids["input_ids"], pixel_values=pixels)
-    return d, paths, out
+
 
 
 def test_zero_shot_prints_the_reference_probabilities(siglip_dir, capsys):

@@ -8,7 +8,7 @@ from transformers import SamConfig, SamModel, ViTConfig, ViTForImageClassificati
 
 import kestrel
 from kestrel.cli.main import main
-from kestrel.runtime import calibrate
+from kestrel.kernels import calibration as calibrate
 from kestrel.runtime.examples import entry_names, example_inputs
 from reference import rel_diff, seeded
 

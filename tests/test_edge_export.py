@@ -22,8 +22,9 @@ transformers = pytest.importorskip("transformers")
 import kestrel  # noqa: E402
 from kestrel.cli.main import main  # noqa: E402
 from kestrel.export import edge_sam2  # noqa: E402
-from kestrel.export.edge import read_table  # noqa: E402
+from kestrel.export.recipe import read_table  # noqa: E402
 from kestrel.export.validation import pte_runner  # noqa: E402
+from kestrel.pipelines.prompts import Prompt  # noqa: E402
 from seeds import SEEDS  # noqa: E402
 
 SIZE = 512
@@ -205,7 +206,7 @@ def test_decoder_program_padding_invariance(export_dir, manifest):
     e = SIZE // 16
     model = kestrel.load(manifest["upstream"]["model"], E=e)
     tables = edge_sam2.load_tables(export_dir, 32, e)
-    prompt = edge_sam2.Prompt("p", ((100.0, 300.0),), (1,))
+    prompt = Prompt([(100.0, 300.0)], [1])
     padded = edge_sam2.compose_tokens(tables, prompt, SIZE, 3)
     unpadded = edge_sam2.compose_tokens(tables, prompt, SIZE, 2)
     assert torch.equal(padded[:, :, :2], unpadded)
@@ -223,7 +224,7 @@ def test_decoder_program_padding_invariance(export_dir, manifest):
 def test_compose_rejects_a_prompt_that_does_not_fit():
     tables = {n: torch.ones(8) for n in edge_sam2.TABLE_SHAPES}
     tables["prompt_gaussian.bin"] = torch.randn(2, 4)
-    prompt = edge_sam2.Prompt("three points", ((1.0, 2.0),) * 3, (1, 1, 0))
+    prompt = Prompt([(1.0, 2.0)] * 3, [1, 1, 0])
     with pytest.raises(ValueError, match="needs 4 tokens"):
         edge_sam2.compose_tokens(tables, prompt, 64)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 
@@ -16,11 +15,11 @@ import httpx2
 import huggingface_hub
 import pytest
 import torch
-from huggingface_hub.utils import _http as hf_http
 from safetensors.torch import save
 
 from kestrel.runtime.checkpoint import read_headers
 from kestrel.runtime.hub import ALLOWED_FILE_PATTERNS, HubError, fetch, hub_cache_dir
+from reference import make_cached_repo
 
 REPO = "kestrel-test/tiny-vit"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -28,47 +27,15 @@ OTHER_COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
 PATTERNS = ["*.safetensors", "*.safetensors.index.json", "config.json"]
 
 CONFIG = json.dumps({"model_type": "vit", "hidden_size": 4}).encode()
+pytestmark = pytest.mark.usefixtures("hermetic")  # offline, HF env in tmp_path, no request
+
 WEIGHTS = save({"w": torch.arange(6, dtype=torch.float32).reshape(2, 3)})
 
 
-@pytest.fixture(autouse=True)
-def hermetic(monkeypatch, tmp_path):
-    """Offline, HF env pointing into tmp_path, and an HTTP client that records (and refuses) every request."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "XDG_CACHE_HOME", "TRANSFORMERS_OFFLINE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    requests: list[str] = []
-
-    def refuse(request: httpx2.Request) -> httpx2.Response:
-        requests.append(f"{request.method} {request.url}")
-        return httpx2.Response(599, text="network access is not allowed in tests")
-
-    huggingface_hub.set_client_factory(lambda: httpx2.Client(transport=httpx2.MockTransport(refuse)))
-    yield requests
-    huggingface_hub.set_client_factory(hf_http.default_client_factory)
-    assert requests == [], f"a test tried to reach the network: {requests}"
 
 
-def make_cached_repo(
-    cache: Path, repo_id: str, commit: str, files: dict[str, bytes], ref: str | None = "main"
-) -> Path:
-    """Lay out a repo in the HF cache exactly as huggingface_hub does: blobs/, snapshots/<commit>/, refs/."""
-    repo_dir = cache / ("models--" + repo_id.replace("/", "--"))
-    snapshot = repo_dir / "snapshots" / commit
-    for name, content in files.items():
-        blob = repo_dir / "blobs" / hashlib.sha256(content).hexdigest()
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(content)
-        pointer = snapshot / name
-        pointer.parent.mkdir(parents=True, exist_ok=True)
-        os.symlink(os.path.relpath(blob, pointer.parent), pointer)
-    snapshot.mkdir(parents=True, exist_ok=True)
-    if ref is not None:
-        (repo_dir / "refs").mkdir(exist_ok=True)
-        (repo_dir / "refs" / ref).write_text(commit)  # no trailing newline, like huggingface_hub
-    return snapshot
+
+
 
 
 def test_fetch_returns_cached_snapshot_for_pinned_commit(tmp_path):

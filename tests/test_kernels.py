@@ -12,10 +12,11 @@ import torch.nn.functional as F
 from transformers import ViTConfig, ViTForImageClassification
 
 import kestrel
-from kestrel.runtime import calibrate
-from kestrel.std import kernels, ops
-from reference import rel_diff, seeded
-from test_pages import _resident_pages
+from kestrel.kernels import calibration as calibrate
+from kestrel.kernels import gemm as kernels
+from kestrel.kernels.weights import WEIGHTS, adjacent
+from kestrel.std import ops
+from reference import rel_diff, resident_pages, seeded
 
 
 @pytest.fixture(autouse=True)
@@ -108,7 +109,7 @@ def _calibrated(monkeypatch, winner: str, fallback: str = "torch"):
 
 @needs_packed
 def test_a_checkpoint_weight_runs_packed_in_the_place_of_its_file_pages(tmp_path, monkeypatch):
-    from kestrel.runtime.pages import file_pages
+    from kestrel.kernels.pages import file_pages
 
     _calibrated(monkeypatch, "mkl-packed", "onednn" if "onednn" in kernels.KERNELS else "torch")
     monkeypatch.delenv("KESTREL_WEIGHT_COPIES", raising=False)
@@ -118,8 +119,8 @@ def test_a_checkpoint_weight_runs_packed_in_the_place_of_its_file_pages(tmp_path
     with torch.no_grad():
         assert kernels.choose(x, w, b) == "mkl-packed"
         assert rel_diff(ops.linear(x, w, b), want) < 1e-6
-    assert id(w) in kernels._PACKED and file_pages(w)
-    assert _resident_pages(w) == 0  # the weight's own pages were handed back after packing
+    assert WEIGHTS.get("packed", (w,)) is not None and file_pages(w)
+    assert resident_pages(w) == 0  # the weight's own pages were handed back after packing
     # the same shape on a weight built in memory: packing it would be a second copy, so the in-place
     # kernel runs, unless KESTREL_WEIGHT_COPIES=1 allows the copy
     heap = torch.nn.Parameter(w.clone(), requires_grad=False)
@@ -132,7 +133,7 @@ def test_a_checkpoint_weight_runs_packed_in_the_place_of_its_file_pages(tmp_path
         assert kernels.choose(x, w[:], b) == in_place  # a view made per call would be packed per call
         # written to after packing: no longer the file's pages; the stale packed copy goes, numbers follow
         w.mul_(2)
-        assert kernels.choose(x, w, b) != "mkl-packed" and id(w) not in kernels._PACKED
+        assert kernels.choose(x, w, b) != "mkl-packed" and WEIGHTS.get("packed", (w,)) is None
         assert rel_diff(ops.linear(x, w, b), F.linear(x, w, b)) < 1e-6
 
 
@@ -144,7 +145,7 @@ def test_a_packed_weight_keeps_one_layout(tmp_path, monkeypatch):
         for rows in (8, 32, 8):
             x = torch.randn(rows, 128)
             assert rel_diff(ops.linear(x, w), F.linear(x, w)) < 1e-6
-            assert kernels._PACKED[id(w)][2] == rows
+            assert WEIGHTS.get("packed", (w,))[0] == rows
 
 
 @needs_packed
@@ -159,10 +160,10 @@ def test_fused_projection_packs_as_one_gemm_in_the_place_of_the_parts_pages(tmp_
             outs = ops.fused_linear(x, ws, bs)
             for o, want in zip(outs, wants):
                 assert rel_diff(o, want) < 1e-6
-    group = kernels._GROUPS[tuple(id(w) for w in ws)]
+    group = WEIGHTS.get("packed-group", ws)
     assert group.rows == 20 and group.shape.shape == (288, 64)
-    assert kernels.adjacent(ws) is None  # no fused buffer: the parameters stay where they were
-    assert all(_resident_pages(w) == 0 for w in ws)  # their pages handed back to the file
+    assert adjacent(ws) is None  # no fused buffer: the parameters stay where they were
+    assert all(resident_pages(w) == 0 for w in ws)  # their pages handed back to the file
     with torch.no_grad():  # written to: the group is not used any more, and the numbers follow
         ws[1].mul_(3)
         outs = ops.fused_linear(x, ws, bs)
@@ -183,8 +184,8 @@ def test_fused_projection_of_packed_parts_runs_them_apart(tmp_path, monkeypatch)
         outs = ops.fused_linear(x, ws, bs)
     for o, w, b in zip(outs, ws, bs):
         assert rel_diff(o, F.linear(x, w, b)) < 1e-6
-    assert kernels.adjacent(ws) is None  # not concatenated: each part packed in its file pages' place
-    assert all(id(w) in kernels._PACKED for w in ws)
+    assert adjacent(ws) is None  # not concatenated: each part packed in its file pages' place
+    assert all(WEIGHTS.get("packed", (w,)) is not None for w in ws)
 
 
 
@@ -300,7 +301,7 @@ def test_fused_linear_views_the_parameters_in_one_buffer():
     for o, w, b in zip(outs, ws, bs):
         assert rel_diff(o, F.linear(x, w, b)) < 1e-6
     assert all(torch.equal(a, w) for a, w in zip(before, ws))  # same numbers
-    whole = kernels.adjacent(ws)
+    whole = adjacent(ws)
     assert whole is not None and whole.shape == (24, 5)  # now one buffer, no copy on later calls
     assert ws[1].untyped_storage().data_ptr() == ws[0].untyped_storage().data_ptr()
     # a missing bias is zeros for that part

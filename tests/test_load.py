@@ -13,8 +13,9 @@ import kestrel
 from kestrel.models.cards import CARDS, CardError
 from kestrel.runtime.checkpoint import CheckpointError
 from kestrel.runtime.hub import HubError
-from reference import rel_diff, seeded
-from test_hub import hermetic, make_cached_repo  # noqa: F401  (hermetic is an autouse fixture)
+from reference import make_cached_repo, rel_diff, seeded
+
+pytestmark = pytest.mark.usefixtures("hermetic")  # offline, HF env in tmp_path, no request
 
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
              patch_size=8, num_labels=4)

@@ -14,6 +14,7 @@ from PIL import Image
 
 import seeds
 from kestrel.errors import KestrelError
+from kestrel.kernels.settings import SettingError
 from kestrel.pipelines.images import ImageError, ImagePreprocess, load_image
 
 # ----------------------------------------------------------------------------------------- seed pages
@@ -106,7 +107,7 @@ def test_decoded_pixels_are_bounded_from_the_header(tmp_path, monkeypatch):
     monkeypatch.setenv("KESTREL_MAX_PIXELS", "60000")
     assert load_image(big).size == (300, 200)
     monkeypatch.setenv("KESTREL_MAX_PIXELS", "lots")
-    with pytest.raises(ImageError, match="KESTREL_MAX_PIXELS must be a positive integer, got 'lots'"):
+    with pytest.raises(SettingError, match="KESTREL_MAX_PIXELS must be a positive integer, got 'lots'"):
         load_image(big)
 
 

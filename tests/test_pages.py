@@ -10,7 +10,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from kestrel.runtime.pages import file_pages, release_file_pages
+from kestrel.kernels.pages import file_pages, release_file_pages
+from reference import resident_pages
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise and /proc are Linux's")
 
@@ -42,17 +43,7 @@ def test_anonymous_memory_is_never_released():
     assert torch.equal(t, copy)
 
 
-def _resident_pages(t: torch.Tensor) -> int:
-    import mmap
-    import struct
 
-    page = mmap.PAGESIZE
-    first = -(-t.data_ptr() // page) * page
-    last = (t.data_ptr() + t.numel() * t.element_size()) // page * page
-    with open("/proc/self/pagemap", "rb") as f:
-        f.seek(first // page * 8)
-        raw = f.read((last - first) // page * 8)
-    return sum(1 for (e,) in struct.iter_unpack("<Q", raw) if e >> 63)
 
 
 def test_file_pages_tells_the_files_own_pages_from_written_copies(tmp_path):
@@ -61,9 +52,9 @@ def test_file_pages_tells_the_files_own_pages_from_written_copies(tmp_path):
         a, b = f.get_tensor("a"), f.get_tensor("b")
     assert file_pages(a) and file_pages(b)  # mapped, not yet read
     a.sum()
-    assert file_pages(a) and _resident_pages(a) > 0  # read: resident, still the file's own
+    assert file_pages(a) and resident_pages(a) > 0  # read: resident, still the file's own
     b[300, 7] = 1.0  # one written page is a private copy: releasing it would lose the write
     assert not file_pages(b)
     assert not file_pages(torch.randn(1024, 1024))  # the heap is no file
     release_file_pages(a)
-    assert _resident_pages(a) == 0 and file_pages(a)
+    assert resident_pages(a) == 0 and file_pages(a)

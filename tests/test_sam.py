@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from transformers import SamConfig, SamModel
+from transformers import SamModel
 from transformers.models.sam.configuration_sam import SamVisionConfig
 from transformers.models.sam.modeling_sam import SamVisionLayer
 
@@ -19,16 +19,12 @@ from kestrel.inspect.printer import format_block, listed_blocks
 from kestrel.models import sam
 from kestrel.models.cards import CARDS
 from kestrel.std import ops
-from reference import rel_diff
+from reference import SMALL, rel_diff, seeded_sam
 from seeds import read_seed
 
 TOL = 1e-4
 
-SMALL = dict(
-    vision_config=dict(hidden_size=32, num_attention_heads=2, mlp_dim=64, output_channels=32, num_pos_feats=16),
-    prompt_encoder_config=dict(hidden_size=32),
-    mask_decoder_config=dict(hidden_size=32, num_attention_heads=2, mlp_dim=64, iou_head_hidden_dim=32),
-)
+
 
 
 # ---------------------------------------------------------------------------------------- declarations
@@ -154,28 +150,7 @@ def test_new_op_rules_report_misuse():
 # -------------------------------------------------------------------------------------------- parity
 
 
-def _seeded_sam(config: dict, seed: int = 0) -> SamModel:
-    """A transformers SamModel with random weights everywhere.
 
-    Upstream zero-initialises the positions and draws the encoder's weights with std 1e-10, which
-    would leave the image embedding independent of the image: every matrix gets std 1/sqrt(fan-in)
-    here, and the Fourier matrix std 1 as in the released checkpoints.
-    """
-    torch.manual_seed(seed)
-    ref = SamModel(SamConfig(**config)).eval()
-    with torch.no_grad():
-        for name, p in ref.named_parameters():
-            if name.endswith(("rel_pos_h", "rel_pos_w", "pos_embed")):
-                p.normal_(0, 0.5)
-            elif name.endswith("positional_embedding"):
-                p.normal_(0, 1.0)
-            elif p.dim() >= 2:
-                p.normal_(0, p[0].numel() ** -0.5)
-            elif "norm" in name and name.endswith("weight"):
-                p.add_(torch.randn_like(p) * 0.1)
-            elif name.endswith("bias"):
-                p.normal_(0, 0.02)
-    return ref
 
 
 POINTS = torch.tensor([[[[500.0, 300.0], [100.0, 900.0]], [[10.0, 20.0], [1000.0, 3.0]], [[7.0, 1010.0],
@@ -208,7 +183,7 @@ def _check_decoders(ref: SamModel, ours, emb: torch.Tensor, figures: dict[str, f
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    ref = _seeded_sam(SMALL)
+    ref = seeded_sam(SMALL)
     path = tmp_path_factory.mktemp("sam-small")
     ref.save_pretrained(path)
     return ref, kestrel.load(path)
@@ -277,7 +252,7 @@ def test_other_layouts_match_reference(tmp_path, layers, globals_):
     """ViT-L and ViT-H shaped configs: their own depth, global layers and more heads, at small widths."""
     config = {**SMALL, "vision_config": dict(SMALL["vision_config"], num_hidden_layers=layers, num_attention_heads=8,
                                               global_attn_indexes=globals_)}
-    ref = _seeded_sam(config, seed=3)
+    ref = seeded_sam(config, seed=3)
     ref.save_pretrained(tmp_path)
     ours = kestrel.load(tmp_path)
     assert len(ours.vision_encoder.layers) == layers
@@ -292,7 +267,7 @@ def test_other_layouts_match_reference(tmp_path, layers, globals_):
 def test_sam_vit_base_real_config(tmp_path):
     card = CARDS["sam-vit-base"]
     config = {k: v for k, v in card.config.items() if k != "model_type"}
-    ref = _seeded_sam(config)
+    ref = seeded_sam(config)
     ref.save_pretrained(tmp_path)
     ours = kestrel.load(tmp_path)
     assert {k: v for k, v in ours.generics.items() if k != "T"} == {
@@ -328,8 +303,8 @@ def test_decomposed_attention_slices_give_the_same_numbers(budget, grad):
 def test_decomposed_attention_measures_its_slice_size_once_per_shape(tmp_path, monkeypatch):
     """Eager inference times every candidate slice budget at a shape's first call, keeps the fastest in the
     calibration table, and gives the same numbers whichever it runs."""
-    from kestrel.runtime import calibrate
-    from kestrel.std import ops_attention
+    from kestrel.kernels import attention as ops_attention
+    from kestrel.kernels import calibration as calibrate
 
     monkeypatch.setenv("KESTREL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("KESTREL_ATTENTION_BUDGET", raising=False)

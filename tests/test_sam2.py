@@ -19,55 +19,10 @@ from kestrel.checker.check import check_program
 from kestrel.models import sam2
 from kestrel.models.cards import CARDS, CardError
 from kestrel.models.cards.sam2 import FAMILY_BACKBONES
-from reference import rel_diff
+from reference import at_size, rel_diff, seeded_sam2, small_config
 
 TOL = 1e-4
 HD = 32
-
-
-def small_config(image: int = 1024, hd: int = HD, **backbone) -> dict:
-    """A Sam2Config dict at small widths, Hiera-tiny's layout unless ``backbone`` says otherwise."""
-    bb = dict(hidden_size=16, embed_dim_per_stage=[16, 32, 64, 128], num_attention_heads_per_stage=[1, 2, 2, 4],
-              blocks_per_stage=[1, 2, 7, 2], window_size_per_stage=[8, 4, 14, 7], global_attention_blocks=[5, 7, 9],
-              window_positional_embedding_background_size=[7, 7])
-    bb.update(backbone)
-    return at_size(dict(
-        vision_config=dict(backbone_config=dict(bb, model_type="sam2_hiera_det_model"),
-                           backbone_channel_list=list(reversed(bb["embed_dim_per_stage"])), fpn_hidden_size=hd),
-        prompt_encoder_config=dict(hidden_size=hd),
-        mask_decoder_config=dict(hidden_size=hd, num_attention_heads=2, mlp_dim=64, iou_head_hidden_dim=hd),
-    ), image)
-
-
-def at_size(config: dict, image: int) -> dict:
-    """The config with ``image_size`` overridden, as the seed's 512 px recipe does."""
-    cfg = copy.deepcopy(config)
-    s = image // 4
-    cfg["vision_config"]["backbone_config"]["image_size"] = [image, image]
-    cfg["vision_config"]["backbone_feature_sizes"] = [[s, s], [s // 2, s // 2], [s // 4, s // 4]]
-    cfg["prompt_encoder_config"]["image_size"] = image
-    return cfg
-
-
-def seeded_sam2(config: dict, seed: int = 0) -> Sam2Model:
-    """A transformers Sam2Model with random weights everywhere (upstream zero-initialises the
-    position tables and the no-memory embedding, which would hide them from the comparison)."""
-    torch.manual_seed(seed)
-    ref = Sam2Model(Sam2Config(**config)).eval()
-    with torch.no_grad():
-        for name, p in ref.named_parameters():
-            if name.endswith(("pos_embed", "pos_embed_window", "no_memory_embedding")):
-                p.normal_(0, 0.5)
-            elif p.dim() >= 2:
-                p.normal_(0, p[0].numel() ** -0.5)
-            elif "norm" in name and name.endswith("weight"):
-                p.add_(torch.randn_like(p) * 0.1)
-            elif name.endswith("bias"):
-                p.normal_(0, 0.02)
-        for name, b in ref.named_buffers():
-            if name.endswith("positional_embedding"):
-                b.normal_(0, 1.0)
-    return ref
 
 
 def resized_reference(ref: Sam2Model, image: int) -> Sam2Model:
@@ -198,11 +153,8 @@ def test_card_refuses_what_the_program_fixes(change, field):
 
 
 @pytest.fixture(scope="module")
-def small(tmp_path_factory):
-    ref = seeded_sam2(small_config(1024))
-    path = tmp_path_factory.mktemp("sam2-small")
-    ref.save_pretrained(path)
-    return ref, path
+def small(sam2_small):
+    return sam2_small
 
 
 @pytest.mark.parametrize("image", [1024, 512])
@@ -300,7 +252,7 @@ def encoded_512(small):
 
 @pytest.mark.parametrize("name", sorted(PROMPTS))
 def test_padded_tokens_decode_as_the_unpadded_prompt(encoded_512, name):
-    from kestrel.pipelines.sam2_prompts import PromptError, PromptTables, compose
+    from kestrel.pipelines.sam2_processing import PromptError, PromptTables, compose
 
     ref, ours, (emb, hr0, hr1), feats = encoded_512
     scaled = dict(PROMPTS[name])  # the prompts above are in 1024-px coordinates; the model runs at 512
@@ -340,7 +292,8 @@ def test_segment_matches_reference_on_a_photo(encoded_512, prompt):
     import torch.nn.functional as F
     from PIL import Image
 
-    from kestrel.pipelines.sam2_segment import preprocess_for, segment
+    from kestrel.pipelines.sam2_processing import preprocess_for
+    from kestrel.pipelines.sam2_segment import segment
 
     ref, ours, _, _ = encoded_512
     rng = np.random.default_rng(0)

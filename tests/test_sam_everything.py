@@ -16,10 +16,10 @@ import torch
 from PIL import Image
 
 import kestrel
-from kestrel.pipelines import rle
+from kestrel.pipelines import coco as rle
 from kestrel.pipelines.mask_generation import box_nms, crop_boxes, generate_masks, mask_boxes, point_grid
 from kestrel.pipelines.segment import SamSegmenter
-from test_sam import SMALL, _seeded_sam
+from reference import SMALL, seeded_sam
 
 pycocotools_mask = pytest.importorskip("pycocotools.mask")
 
@@ -48,7 +48,7 @@ def _greedy_nms(boxes, scores, idxs, iou_threshold):
 @pytest.fixture(scope="module")
 def sharp(tmp_path_factory):
     """A small random SAM whose mask logits are large enough for masks to pass the stability filter."""
-    ref = _seeded_sam(SMALL, seed=0)
+    ref = seeded_sam(SMALL, seed=0)
     with torch.no_grad():
         for mlp in ref.mask_decoder.output_hypernetworks_mlps:
             mlp.proj_out.weight.mul_(30)

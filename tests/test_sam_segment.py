@@ -14,17 +14,11 @@ from transformers import SamProcessor
 from transformers.models.sam.image_processing_pil_sam import SamImageProcessorPil
 
 import kestrel
-from kestrel.pipelines.sam_processing import Prompt, PromptError, SamImageProcessor, prompt_tensors
-from kestrel.pipelines.segment import (
-    EmbeddingError,
-    ImageEmbedding,
-    SamSegmenter,
-    image_digest,
-    load_embedding,
-    save_embedding,
-)
-from reference import rel_diff
-from test_sam import SMALL, _seeded_sam
+from kestrel.pipelines.prompts import Prompt, PromptError
+from kestrel.pipelines.sam_processing import SamImageProcessor, prompt_tensors
+from kestrel.pipelines.segment import EmbeddingError, SamSegmenter, load_embedding, save_embedding
+from kestrel.pipelines.segmenter import ImageEmbedding, image_digest
+from reference import SMALL, rel_diff, seeded_sam
 
 TOL = 1e-4
 
@@ -38,7 +32,7 @@ def _photo(h: int = 375, w: int = 500, seed: int = 0) -> Image.Image:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    ref = _seeded_sam(SMALL, seed=5)
+    ref = seeded_sam(SMALL, seed=5)
     path = tmp_path_factory.mktemp("sam-seg")
     ref.save_pretrained(path)
     SamImageProcessorPil().save_pretrained(path)

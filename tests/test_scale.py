@@ -9,38 +9,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from PIL import Image
 from safetensors import safe_open
-from transformers import BitImageProcessor, Dinov2Config, Dinov2Model
 
 from kestrel.cli.main import main
 from kestrel.pipelines.datasets import SourceError, plan_shards, read_source
 from kestrel.pipelines.jobs import JobSpec
 from kestrel.scale import run_job
 from kestrel.scale.output import OutputError
-from reference import rel_diff, seeded
-from test_cli_siglip import siglip_dir  # noqa: F401  (fixture)
-from test_siglip import spiece_model  # noqa: F401  (module-scoped fixture)
-
-
-def make_photos(root, n: int = 14):
-    """``n`` random PNGs of a few sizes in three sub-folders, and one file that is not an image."""
-    rng = np.random.default_rng(0)
-    for i in range(n):
-        d = root / f"d{i % 3}"
-        d.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(rng.integers(0, 256, (30 + 3 * (i % 5), 40, 3), dtype=np.uint8)).save(d / f"im{i:03d}.png")
-    (root / "d1" / "broken.png").write_bytes(b"this is not a png")
-    return root
-
-
-def make_dino(directory):
-    cfg = Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                       image_size=32, patch_size=8)
-    ref = seeded(lambda: Dinov2Model(cfg))
-    ref.save_pretrained(directory)
-    BitImageProcessor(size={"shortest_edge": 36}, crop_size={"height": 32, "width": 32}).save_pretrained(directory)
-    return ref
+from reference import features, make_dino, make_photos, rel_diff, table
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +26,10 @@ def dataset(tmp_path_factory):
     return root / "dino", make_photos(root / "photos"), ref
 
 
-def table(out) -> pa.Table:
-    return pq.read_table(sorted(out.glob("part-*.parquet")))
 
 
-def features(t: pa.Table) -> np.ndarray:
-    return np.stack(t.column("features").to_numpy(zero_copy_only=False))
+
+
 
 
 def test_sources_folder_list_csv_parquet(tmp_path):
@@ -150,7 +124,7 @@ def test_bad_dataset_arguments_are_one_line(dataset, tmp_path, capsys):
     assert _user_error(RuntimeError("ray.exceptions.ActorDiedError: the node died")) is None
 
 
-def test_zero_shot_dataset_scores_equal_kestrel_zero_shot(siglip_dir, tmp_path):  # noqa: F811
+def test_zero_shot_dataset_scores_equal_kestrel_zero_shot(siglip_dir, tmp_path):
     from kestrel import load
     from kestrel.pipelines.tasks import preprocess_for
     from kestrel.pipelines.tokenizer import SiglipTextTokenizer

@@ -16,7 +16,7 @@ from kestrel.cli.main import main  # noqa: E402
 from kestrel.pipelines.jobs import JobSpec  # noqa: E402
 from kestrel.scale import run_job  # noqa: E402
 from kestrel.scale.ray_engine import start_ray  # noqa: E402
-from test_scale import features, make_dino, make_photos, table  # noqa: E402
+from reference import features, make_dino, make_photos, table  # noqa: E402
 
 
 @pytest.fixture(scope="module")

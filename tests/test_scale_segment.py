@@ -9,11 +9,11 @@ from PIL import Image
 from transformers.models.sam.image_processing_pil_sam import SamImageProcessorPil
 
 from kestrel.cli.main import main
+from kestrel.pipelines.coco import coco_annotations, decode
 from kestrel.pipelines.images import load_image
 from kestrel.pipelines.mask_generation import generate_masks
-from kestrel.pipelines.rle import coco_annotations, decode
 from kestrel.pipelines.segment import SamSegmenter
-from test_sam import SMALL, _seeded_sam
+from reference import SMALL, seeded_sam
 
 OPTIONS = dict(points_per_side=3, pred_iou_thresh=0.0, stability_score_thresh=0.0)
 
@@ -21,7 +21,7 @@ OPTIONS = dict(points_per_side=3, pred_iou_thresh=0.0, stability_score_thresh=0.
 @pytest.fixture(scope="module")
 def sam_photos(tmp_path_factory):
     root = tmp_path_factory.mktemp("scale_sam")
-    _seeded_sam(SMALL, seed=5).save_pretrained(root / "sam")
+    seeded_sam(SMALL, seed=5).save_pretrained(root / "sam")
     SamImageProcessorPil().save_pretrained(root / "sam")
     rng = np.random.default_rng(0)
     for i, (h, w) in enumerate([(60, 80)]):  # one image: each costs a 1024 x 1024 encode, twice

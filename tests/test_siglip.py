@@ -7,13 +7,11 @@ CPU: max |diff| <= 1e-4 * max |reference|.
 
 from __future__ import annotations
 
-import random
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
-import sentencepiece as spm
 import torch
 from PIL import Image
 
@@ -28,6 +26,7 @@ from kestrel.models.cards import siglip as siglip_card
 from kestrel.pipelines.images import ImagePreprocess
 from kestrel.pipelines.tokenizer import SiglipTextTokenizer
 from kestrel.pipelines.zero_shot import encode_images, encode_texts, similarity_table, zero_shot
+from reference import build_siglip as build_reference
 from reference import rel_diff
 from seeds import read_seed
 
@@ -166,14 +165,7 @@ SMALL = {
 }
 
 
-def build_reference(vision: dict, text: dict, seed: int = 0) -> transformers.SiglipModel:
-    torch.manual_seed(seed)
-    config = transformers.SiglipConfig(vision_config=vision, text_config=text)
-    model = transformers.SiglipModel(config).eval()
-    with torch.no_grad():  # a logit scale and bias away from their init, so both matter
-        model.logit_scale.fill_(2.3)
-        model.logit_bias.fill_(-1.7)
-    return model
+
 
 
 def compare(ref: transformers.SiglipModel, ours: torch.nn.Module, n_images: int, n_texts: int) -> dict[str, float]:
@@ -239,21 +231,7 @@ def test_parity_real_size(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------ zero-shot
 
 
-@pytest.fixture(scope="module")
-def spiece_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A small unigram model with SigLIP's special ids (<pad>=0, </s>=1, <unk>=2, no <s>)."""
-    rng = random.Random(0)
-    words = "a an the of photo picture dog cat bird car tree house red blue small big sleeping running".split()
-    words += ["".join(rng.choices("ka lo mi ne ra to su vi pe ba".split(), k=rng.randint(1, 3))) for _ in range(60)]
-    lines = [" ".join(rng.choices(words, k=rng.randint(3, 9))) for _ in range(600)]
-    folder = tmp_path_factory.mktemp("spiece")
-    (folder / "corpus.txt").write_text("\n".join(lines), encoding="utf-8")
-    spm.SentencePieceTrainer.train(
-        input=str(folder / "corpus.txt"), model_prefix=str(folder / "spiece"), model_type="unigram",
-        vocab_size=80, pad_id=0, eos_id=1, unk_id=2, bos_id=-1, pad_piece="<pad>", eos_piece="</s>",
-        unk_piece="<unk>", minloglevel=2,
-    )
-    return str(folder / "spiece.model")
+
 
 
 def test_zero_shot_end_to_end(spiece_model: str, tmp_path: Path) -> None:

@@ -635,7 +635,7 @@ def test_gelu_in_place_on_a_temporary_in_inference_out_of_place_under_autograd(a
 
 
 def test_tanh_gelu_in_cache_sized_steps_covers_every_element(monkeypatch):
-    from kestrel.std import kernels
+    from kestrel.kernels import activations as kernels
 
     monkeypatch.setattr(kernels, "GELU_CHUNK", 1000)
     x = torch.randn(7, 501) * 4  # 3507 elements: three whole steps and a ragged one

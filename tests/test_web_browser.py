@@ -122,7 +122,7 @@ def reference(edge, reference_for):
 
 
 def _reference(model, image_path):
-    from kestrel.pipelines.sam2_prompts import PromptTables, compose
+    from kestrel.pipelines.sam2_processing import PromptTables, compose
     from kestrel.pipelines.sam2_segment import Sam2Segmenter
 
     segmenter = Sam2Segmenter(model)

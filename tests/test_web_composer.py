@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from kestrel.pipelines.sam2_prompts import PromptTables, compose
+from kestrel.pipelines.sam2_processing import PromptTables, compose
 
 STATIC = Path(__file__).resolve().parents[1] / "src" / "kestrel" / "web" / "static"
 NODE = shutil.which("node")

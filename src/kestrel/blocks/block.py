@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from ..errors import KestrelError
-from ..runtime import allocator
 from ..shapes.facts import Fact
 from ..shapes.poly import Poly, evaluate, format_poly, substitute
 from ..types.dtypes import DType, DTypeVar, dtype_named, from_torch
@@ -34,6 +33,11 @@ class BindError(KestrelError, ValueError):
 class EntryError(KestrelError, TypeError):
     """An entry called with inputs that do not fit its declared types."""
 
+
+# Functions run around every entry call of a block: each is called as the entry starts and returns a function to
+# call when it returns. The layers above register here (the runtime's memory release after a calibration);
+# blocks import none of them.
+ENTRY_HOOKS: list[Callable[[], Callable[[], None]]] = []
 
 # every block class by its kestrel module name (``sam``, ``std.nn.conv``), in definition order
 REGISTRY: dict[str, list[type[Block]]] = {}
@@ -223,10 +227,12 @@ def _checked_entry(fn: Callable[..., Any]) -> Callable[..., Any]:
                     check_entry_inputs(self, decl, args, kwargs)
                 if key is not None:
                     passed.add((fn.__name__, key))
-        before = allocator.bursts()
+        if not ENTRY_HOOKS:
+            return fn(self, *args, **kwargs)
+        after = [hook() for hook in ENTRY_HOOKS]
         out = fn(self, *args, **kwargs)
-        if allocator.bursts() != before:  # a calibration ran inside: its freed pages go back now
-            allocator.release_free_memory()
+        for done in after:
+            done()
         return out
 
     return call

@@ -293,9 +293,9 @@ def _parse_dim_in(text: str, scope: Scope, order: AtomOrder) -> Poly:
 
 
 def _read_sub(name: str, spec: SubSpec, count: Poly | None, caller: BlockDecl, line: int | None) -> SubDecl:
-    from .block import Block
-
-    if not (isinstance(spec.block, type) and issubclass(spec.block, Block)):
+    # a block class is one with a declaration (``Block.decl``); blocks.block imports this module, not back
+    if not (isinstance(spec.block, type) and callable(getattr(spec.block, "decl", None))
+            and hasattr(spec.block, "_kestrel_module")):
         raise DeclarationError(f"sub {name}: {spec.block!r} is not a block", caller.file, line)
     callee = spec.block.decl()
     scope = caller.scope()

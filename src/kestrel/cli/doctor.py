@@ -63,7 +63,7 @@ def others_load(fn: Any) -> tuple[Any, float | None]:
 
 def gemm_rates(n: int = 1024, rounds: int = 5) -> dict[str, float]:
     """Best f32 GFLOP/s of every installed kernel on one square problem, interleaved."""
-    from ..std import kernels
+    from ..kernels import gemm as kernels
 
     g = torch.Generator().manual_seed(0)
     x, w, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g), torch.randn(n, generator=g)
@@ -91,8 +91,9 @@ def reduced_precision_rates(n: int = 1024, rounds: int = 4) -> dict[str, float]:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from ..runtime import calibrate
-    from ..std import kernels
+    from ..kernels import calibration as calibrate
+    from ..kernels import gemm as kernels
+    from ..kernels import library, settings
 
     if args.reset:
         gone = calibrate.reset()
@@ -101,10 +102,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     cores = physical_cores()
     print(f"machine: {calibrate.cpu_model()} ({os.cpu_count()} logical CPUs, {cores} physical cores)")
     print(f"  instruction sets: {' '.join(calibrate.cpu_flags()) or '?'}")
-    print(f"libraries: torch {torch.__version__}, oneDNN {kernels.onednn_version()}, MKL {kernels.mkl_version()}; "
+    print(f"libraries: torch {torch.__version__}, oneDNN {library.onednn_version()}, MKL {library.mkl_version()}; "
           f"kernels: " + ", ".join(f"{k.name} ({k.library})" for k in kernels.KERNELS.values()))
     print(f"calibration cache: {calibrate.cache_dir()}"
-          + ("" if kernels.calibration_enabled() else " (KESTREL_CALIBRATE=0: off)")
+          + ("" if settings.calibrate() else " (KESTREL_CALIBRATE=0: off)")
           + (f"; KESTREL_LINEAR={kernels.forced()} forces one kernel" if kernels.forced() else ""))
     was = torch.set_flush_denormal(True)  # True: supported (then put back: it is process-wide FP state)
     torch.set_flush_denormal(False)
@@ -135,7 +136,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace, best_at: dict[int, float]) -> None:
-    from ..runtime import calibrate
+    from ..kernels import calibration as calibrate
 
     if len(best_at) > 1:
         pick = max(best_at, key=lambda t: best_at[t])
@@ -180,7 +181,7 @@ def _entry(model: Any, name: str | None) -> str:
 
 
 def _calibrate_model(args: argparse.Namespace) -> None:
-    from ..runtime import calibrate
+    from ..kernels import calibration as calibrate
     from ..runtime.examples import example_inputs
 
     model = _load(args)
@@ -202,7 +203,7 @@ def _flops(call: Any) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from ..runtime import calibrate
+    from ..kernels import calibration as calibrate
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -224,7 +225,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _bench_batch(args: argparse.Namespace, model: Any, entry: str, variants: list[tuple[str, Any]], b: int,
                  peak: float) -> None:
-    from ..runtime import calibrate
+    from ..kernels import calibration as calibrate
     from ..runtime.examples import example_inputs
 
     inputs = example_inputs(model, entry, b)

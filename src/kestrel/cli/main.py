@@ -14,6 +14,7 @@ import sys
 from typing import NoReturn
 
 from ..errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, KestrelError
+from ..kernels import settings
 from .commands import all_commands
 from .options import REGISTRY, add_command, shown
 
@@ -79,7 +80,7 @@ def _version() -> str:
 
 
 def _debug(args: argparse.Namespace | None) -> bool:
-    flag = os.environ.get("KESTREL_DEBUG", "").strip().lower() not in ("", "0", "false", "no", "off")
+    flag = settings.debug()
     return flag or bool(getattr(args, "debug", False))
 
 

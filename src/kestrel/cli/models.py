@@ -18,6 +18,7 @@ from ..checker.check import Report, check_program
 from ..errors import KestrelError, UsageError
 from ..inspect import format_parameters, format_program, program_json
 from ..inspect.manifest import parameter_rows
+from ..models import capabilities
 from ..models.cards import CARDS, Card, CardError, family_for_config, find_card
 from .options import (
     Choice,
@@ -226,7 +227,7 @@ def _export(args: argparse.Namespace, out: Path) -> int:
     from ..runtime.load import load
 
     model = load(args.model, weights=args.weights, **_size_generics(args))
-    if args.target == "onnx" and not _is_edge_split(model):
+    if args.target == "onnx" and capabilities.of(model).recipe == "entries":
         from ..export.onnx import export_onnx
 
         for path in export_onnx(model, out, batch=args.batch):
@@ -266,12 +267,6 @@ def _size_generics(args: argparse.Namespace) -> dict[str, int]:
     if "E" in family.resizable:
         return {"E": args.size // 16}
     return {"Height": args.size, "Width": args.size}
-
-
-def _is_edge_split(model: object) -> bool:
-    from ..export.edge_sam2 import is_sam2
-
-    return is_sam2(model)
 
 
 register(Command(

@@ -54,7 +54,7 @@ def build_prompts(points: list[tuple[tuple[float, float], int]], boxes: list[tup
     """``--point``s make one object; each ``--box`` one object, sharing the points when both are given.
 
     Points and boxes come parsed by their option kinds (:class:`~kestrel.cli.options.Point`, ``Box``)."""
-    from ..pipelines.sam_processing import Prompt
+    from ..pipelines.prompts import Prompt
 
     xy, labels = [p for p, _ in points], [lab for _, lab in points]
     if not boxes:
@@ -91,9 +91,10 @@ def cmd_segment(args: argparse.Namespace) -> int:
     from ..pipelines.images import load_image
     from ..pipelines.input_rules import check_prompts_inside
     from ..pipelines.overlay import draw_overlay
+    from ..pipelines.prompts import PromptError
     from ..pipelines.readers import read_mask
-    from ..pipelines.sam_processing import PromptError
-    from ..pipelines.segment import image_digest, load_embedding, save_embedding, segmenter_for
+    from ..pipelines.segment import load_embedding, save_embedding, segmenter_for
+    from ..pipelines.segmenter import image_digest
     from .tasks import _load, check_size
 
     if args.everything and _dataset_mode(args):
@@ -136,7 +137,7 @@ def cmd_segment(args: argparse.Namespace) -> int:
 
     mask_input = None
     if mask_array is not None:
-        mask_input = seg.processor.mask_prompt(mask_array, emb.original_size)  # type: ignore[attr-defined]
+        mask_input = seg.mask_prompt(mask_array, emb.original_size)
 
     decoded = seg.decode(emb, prompts, multimask=args.multimask, mask_input=mask_input)
     order = torch.argsort(decoded.iou, dim=1, descending=True)  # best first within each prompt
@@ -174,9 +175,9 @@ def _everything(args: argparse.Namespace, seg: Any, photo: Any, out: Path) -> in
     import numpy as np
     from PIL import Image
 
+    from ..pipelines.coco import coco_annotations
     from ..pipelines.mask_generation import generate_masks
     from ..pipelines.overlay import draw_overlay
-    from ..pipelines.rle import coco_annotations
 
     result = generate_masks(seg, photo, points_per_side=args.points_per_side, points_per_batch=args.points_per_batch,
                             pred_iou_thresh=args.pred_iou_thresh, stability_score_thresh=args.stability_score_thresh,
@@ -205,7 +206,7 @@ def _dataset_mode(args: argparse.Namespace) -> bool:
 
 def _everything_dataset(args: argparse.Namespace) -> int:
     """Every object of every image of a dataset: Parquet shards, one row per image with COCO RLE masks."""
-    from ..pipelines.sam_processing import PromptError
+    from ..pipelines.prompts import PromptError
     from .datasets import run_dataset
 
     if args.point or args.box or args.mask_input or args.embeddings:

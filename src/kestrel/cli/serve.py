@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
+from ..kernels import settings
 from .options import Choice, Command, ExistingDir, Host, ModelRef, Option, PixelSize, Port, PositiveInt, register
 
 DESCRIPTION = """\
@@ -29,9 +29,9 @@ examples:
 
 def vendor_dir() -> Path:
     """onnxruntime-web's ``dist`` folder: ``$KESTREL_ORT_DIR``, else the checkout's ``web/node_modules``."""
-    env = os.environ.get("KESTREL_ORT_DIR")
-    if env:
-        return Path(env)
+    env = settings.ort_dir()
+    if env is not None:
+        return env
     return Path(__file__).resolve().parents[3] / "web" / "node_modules" / "onnxruntime-web" / "dist"
 
 
@@ -89,7 +89,7 @@ def cached_edge_export(model, size: int) -> Path:
 
     from .. import __version__
     from ..export.edge import export_edge
-    from ..runtime.cache import cache_dir
+    from ..kernels.settings import cache_dir
 
     loaded = model.loaded
     files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in loaded.directory.glob("*.safetensors"))

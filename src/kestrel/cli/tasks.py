@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UsageError
+from ..models import capabilities
 from ..models.cards import CardError
 from .datasets import DATASET_HELP, dataset_options
 from .options import (
@@ -175,7 +176,7 @@ def _tokenizer(model):
 
 
 def _needs_text_model(model, command: str) -> None:
-    if not hasattr(model, "text_features"):
+    if not capabilities.of(model).text:
         raise CardError(f"{command} needs an image-text model such as siglip-base-patch16-224; "
                         f"{model.loaded.name} has no text tower")
 

@@ -16,7 +16,6 @@ export never leaves a half-written set behind.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
@@ -25,15 +24,18 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..models import capabilities
 from . import manifest as mf
 from . import validation as val
+from .edge_sam2 import Sam2Recipe
 from .executorch import API, PARTITIONERS, ExecuTorchError, Lowered, lower
+from .recipe import EntryRecipe, Recipe
 
 TARGETS = {
     "executorch-webgpu": ("webgpu", "portable"),
@@ -49,127 +51,6 @@ PORTABLE_NOTE = ("CPU-only validation artifact (portable kernels, no delegate; t
 MANIFEST = "manifest.json"
 VALIDATION = "validation.json"
 ONNX_API = "torch.onnx.export(dynamo=True) of torch.export.export(strict=False), one program per module"
-
-
-class Recipe:
-    """What an edge export writes and how it is checked; subclasses fill the model-specific parts."""
-
-    model: str = ""
-    model_code: str = ""
-    differences: list[str]
-    preprocessing: str = "none"
-    dtype: str = "float32"
-    quantization: str = "none (fp32)"
-
-    def programs(self) -> list[mf.Program]:
-        raise NotImplementedError
-
-    def upstream(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def prompt_tables(self) -> dict[str, tuple[torch.Tensor, str]]:
-        """File name -> (table, where it comes from): written as little-endian f32 ``.bin``."""
-        return {}
-
-    def model_rewrites(self) -> list[str]:
-        """Rewrites already applied to the programs' modules (the exporter adds its own)."""
-        return []
-
-    @contextlib.contextmanager
-    def exporting(self) -> Iterator[None]:
-        """The state the modules are traced in (e.g. a constant position table); default: as they are."""
-        yield
-
-    def validate(self, runners: dict[str, val.Runner], runtime: str, files: dict[str, str],
-                 out_dir: Path) -> list[dict[str, Any]]:
-        """Rows of ``validation.json``: ``runners`` by program stem, ``files`` the stem's file name,
-        ``out_dir`` where the files (prompt tables included) are written."""
-        raise NotImplementedError
-
-    def samples(self) -> list[str]:
-        return []
-
-
-class EntryRecipe(Recipe):
-    """One program per entry of a bound Kestrel model, at batch 1 (``dims`` binds other free axes)."""
-
-    def __init__(self, model: Any, entries: Sequence[str] | None = None, dims: dict[str, int] | None = None) -> None:
-        from ..blocks import Block
-
-        if not isinstance(model, Block):
-            raise ExecuTorchError(f"the edge export takes a Kestrel model (a Block), got {type(model).__name__}")
-        self.bound = model
-        decl = type(model).decl()
-        available = {f.pyname: f for f in decl.entries}
-        names = list(entries) if entries is not None else list(available)
-        unknown = [n for n in names if n not in available]
-        if unknown:
-            raise ExecuTorchError(f"{decl.qualname} has no entry {', '.join(map(repr, unknown))}; "
-                                  f"its entries are {', '.join(available) or 'none'}")
-        self.entries = [available[n] for n in names]
-        self.dims = dict(dims or {})
-        self.model = decl.qualname
-        self.model_code = f"Kestrel {decl.qualname} (kestrel.{type(model).__module__.split('kestrel.', 1)[-1]})"
-        self.differences = []
-        self._programs: list[mf.Program] | None = None
-
-    def programs(self) -> list[mf.Program]:
-        if self._programs is None:
-            from .onnx import ExportError, _Entry, entry_inputs
-
-            progs = []
-            for fn in self.entries:
-                try:
-                    specs, examples = entry_inputs(self.bound, fn, 1, self.dims)
-                except ExportError as e:
-                    raise ExecuTorchError(str(e)) from None
-                module = _Entry(self.bound, fn.pyname).eval()
-                ports = [mf.Port(s.name, tuple(int(d) for d in s.shape), mf.FLOAT_NAMES[s.dtype.torch])
-                         for s in specs]
-                n_out = len(fn.result.items) if hasattr(fn.result, "items") else 1
-                names = ["output"] if n_out == 1 else [f"output{i}" for i in range(n_out)]
-                outputs = mf.program_outputs(module, examples, names)
-                progs.append(mf.Program(fn.pyname, module, ports, outputs, examples))
-            self._programs = progs
-        return self._programs
-
-    def upstream(self) -> dict[str, Any]:
-        return upstream_of(self.bound)
-
-    def validate(self, runners: dict[str, val.Runner], runtime: str, files: dict[str, str],
-                 out_dir: Path) -> list[dict[str, Any]]:
-        rows = []
-        for p in self.programs():
-            with torch.no_grad():
-                expected = p.module(*p.examples)
-            expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
-            actual = runners[p.stem](p.examples)
-            rows.append(val.case(files[p.stem], runtime, "seeded normal inputs", "kestrel eager",
-                                 [o.name for o in p.outputs], actual, expected))
-        return rows
-
-    def samples(self) -> list[str]:
-        return ["seeded normal inputs (torch.Generator seed 0), batch 1"]
-
-
-def upstream_of(model: Any) -> dict[str, Any]:
-    """The manifest's ``upstream``: the card's repo and pinned revision, or the local directory, and
-    the sha256 of every safetensors file the weights were read from."""
-    loaded = getattr(model, "loaded", None)
-    card = getattr(loaded, "card", None)
-    directory = getattr(loaded, "directory", None)
-    files: dict[str, dict[str, str]] = {}
-    if directory is not None:
-        for path in sorted(Path(directory).glob("*.safetensors")):
-            files[path.name] = {"sha256": mf.sha256_file(path)}
-    config = getattr(loaded, "config", {}) or {}
-    if card is not None:
-        return {"model": card.repo, "revision": card.revision, "official": True,
-                "license": config.get("license", "see the upstream model card"), "files": files,
-                "note": f"Kestrel card {card.name}, weights read from {directory}"}
-    return {"model": str(directory) if directory else "unknown", "revision": "local directory (no pinned revision)",
-            "official": False, "license": "unknown (local checkpoint)", "files": files,
-            "note": f"save_pretrained directory, config model_type {config.get('model_type')!r}"}
 
 
 # ------------------------------------------------------------------------------------------ export
@@ -202,11 +83,13 @@ def export_edge(recipe: Recipe | Any, out_dir: str | os.PathLike[str], target: s
     return result_manifest
 
 
-def recipe_for(model: Any) -> Recipe:
-    """The SAM 2.1 split for a SAM 2.1 model, one program per entry otherwise."""
-    from .edge_sam2 import is_sam2, sam2_recipe
+# capabilities.recipe -> the recipe that splits such a model into programs
+RECIPES: dict[str, Callable[[Any], Recipe]] = {"entries": EntryRecipe, "sam2-edge": Sam2Recipe}
 
-    return sam2_recipe(model) if is_sam2(model) else EntryRecipe(model)
+
+def recipe_for(model: Any) -> Recipe:
+    """The recipe the model's card declares (the SAM 2.1 split for SAM 2.1), one program per entry otherwise."""
+    return RECIPES[capabilities.of(model).recipe](model)
 
 
 def _export(recipe: Recipe, tmp: Path, target: str, say: Callable[[str], None], validate: bool) -> dict[str, Any]:
@@ -296,12 +179,6 @@ def write_table(path: Path, table: torch.Tensor) -> None:
     """A prompt table as raw little-endian float32, C order."""
     data = table.detach().to(torch.float32).contiguous().cpu().numpy().astype("<f4", copy=False)
     path.write_bytes(data.tobytes(order="C"))
-
-
-def read_table(path: Path, shape: Sequence[int]) -> torch.Tensor:
-    import numpy as np
-
-    return torch.from_numpy(np.fromfile(path, dtype="<f4").astype("float32")).reshape(tuple(shape))
 
 
 def _write_onnx(program: mf.Program, path: Path) -> dict[str, Any]:

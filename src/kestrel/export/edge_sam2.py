@@ -9,10 +9,15 @@
   image positional embedding, sparse tokens, dense embedding, the two features; the three multimask
   logits ``[1, 3, 4E, 4E]``, their IoU scores and the object-score logit.
 
+Pre-processing happens outside the graph and is ``kestrel segment``'s own
+(:func:`kestrel.pipelines.sam2_processing.pixels`: PIL's antialiased bilinear resize, ImageNet
+statistics); validation pre-processes its photo-like sample, which is not square and larger than the
+input, with it, so ``validation.json`` checks what users run.
+
 The page composes the sparse tokens from the prompt tables (``prompt_*.bin``, little-endian f32):
 the Gaussian Fourier table, the point/box-corner embeddings and the not-a-point embedding; the image
 positional embedding and the dense (no-mask) embedding are tables too. :func:`compose_tokens` is that
-composition (``kestrel.pipelines.sam2_prompts``), and validation composes from the written ``.bin``
+composition (``kestrel.pipelines.sam2_processing``), and validation composes from the written ``.bin``
 files, as a page would.
 
 Validation (``validation.json``) runs the CPU programs end to end on a photo-like image and several
@@ -31,19 +36,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..pipelines.prompts import Prompt
+from ..pipelines.sam2_processing import PromptTables, compose, pixels
 from . import manifest as mf
 from . import validation as val
-from .edge import Recipe, read_table, upstream_of
 from .executorch import SDPA_REWRITE
+from .recipe import Recipe, read_table, upstream_of
 
 TOKENS = 3
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 NOT_A_POINT, PADDING = -1, -10
-
-
-def is_sam2(model: Any) -> bool:
-    return type(model).__module__.endswith("models.sam2") and hasattr(model, "decode_tokens")
 
 
 class Sam2Encoder(nn.Module):
@@ -73,23 +74,21 @@ class Sam2Decoder(nn.Module):
 
 
 @dataclass(frozen=True)
-class Prompt:
-    """Points ``[(x, y), ...]`` in model-input pixels with labels (1 foreground, 0 background), or a box."""
+class NamedPrompt:
+    """A validation prompt: its name, and the prompt in model-input pixels."""
 
     name: str
-    points: tuple[tuple[float, float], ...] = ()
-    labels: tuple[int, ...] = ()
-    box: tuple[float, float, float, float] | None = None
+    prompt: Prompt
 
 
-def prompts_for(size: int) -> list[Prompt]:
+def prompts_for(size: int) -> list[NamedPrompt]:
     """The validation prompts at a ``size`` px input: every kind that fits in three tokens."""
     s = size / 512
     return [
-        Prompt("one foreground point", ((250 * s, 180 * s),), (1,)),
-        Prompt("foreground and background points", ((250 * s, 180 * s), (400 * s, 420 * s)), (1, 0)),
-        Prompt("one background point", ((100 * s, 60 * s),), (0,)),
-        Prompt("box", box=(120 * s, 90 * s, 380 * s, 330 * s)),
+        NamedPrompt("one foreground point", Prompt([(250 * s, 180 * s)], [1])),
+        NamedPrompt("foreground and background points", Prompt([(250 * s, 180 * s), (400 * s, 420 * s)], [1, 0])),
+        NamedPrompt("one background point", Prompt([(100 * s, 60 * s)], [0])),
+        NamedPrompt("box", Prompt(box=(120 * s, 90 * s, 380 * s, 330 * s))),
     ]
 
 
@@ -111,16 +110,17 @@ def photo_like(size: int, seed: int = 0) -> torch.Tensor:
     return (img.clamp(0, 1) * 255).round().to(torch.uint8)
 
 
-def preprocess(image: torch.Tensor, size: int) -> torch.Tensor:
-    """The seed's preprocessing outside the graph: RGB uint8 ``[H, W, 3]``, resized to ``size x size``
-    without keeping the aspect ratio (bilinear), /255, ImageNet mean/std -> ``[1, 3, size, size]``."""
-    x = image.permute(2, 0, 1).unsqueeze(0).to(torch.float32)
-    if x.shape[-2:] != (size, size):
-        x = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
-    x = x / 255.0
-    mean = torch.tensor(IMAGENET_MEAN).reshape(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD).reshape(1, 3, 1, 1)
-    return ((x - mean) / std).contiguous()
+def preprocess(image: Any, size: int) -> torch.Tensor:
+    """The pre-processing outside the graph, ``kestrel segment``'s own (one function for both): RGB uint8
+    ``[H, W, 3]``, a PIL image or a path, resized to ``size x size`` without keeping the aspect ratio
+    (PIL bilinear, antialiased), /255, ImageNet mean/std -> ``[1, 3, size, size]``."""
+    return pixels(image, size)
+
+
+def sample_photo(size: int) -> torch.Tensor:
+    """Validation's photo: photo-like, ``size x 3 size / 2`` (not square, wider than the input), so the
+    pre-processing resizes and antialiases as it does for users' photos."""
+    return photo_like(3 * size // 2)[:size]
 
 
 # --------------------------------------------------------------------------------- prompt tables
@@ -142,23 +142,23 @@ def prompt_tables(model: Any) -> dict[str, tuple[torch.Tensor, str]]:
     """The tables a page composes prompts from, with where each comes from upstream."""
     hd, e = model.generics["Hd"], model.generics["E"]
     size = 16 * e
-    gauss = model.prompt_positional_embedding.detach()
-    shared = bool(torch.equal(gauss, model.positional_embedding.detach()))
+    t = PromptTables.from_model(model).as_files()  # the tables prompts are composed from: one builder
+    gauss = t["prompt_gaussian"]
+    shared = bool(torch.equal(gauss, model.positional_embedding.detach().float()))
     gauss_source = "prompt_encoder.shared_embedding.positional_embedding (the table Sam2PromptEncoder embeds points "
     gauss_source += ("with; equal to shared_image_embedding.positional_embedding in this checkpoint)" if shared else
                      "with; this checkpoint's shared_image_embedding.positional_embedding differs and is only used "
                      "for prompt_img_pos.bin)")
-    pe = model.point_embed.detach()
     with torch.no_grad():
         img_pos = model.image_positions().detach()
     dense = model.no_mask_embed.detach().reshape(1, hd, 1, 1).expand(1, hd, e, e)
     return {
         "prompt_gaussian.bin": (gauss, gauss_source),
-        "prompt_point_embed_bg.bin": (pe[0], "prompt_encoder.point_embed.weight[0]"),
-        "prompt_point_embed_fg.bin": (pe[1], "prompt_encoder.point_embed.weight[1]"),
-        "prompt_box_tl.bin": (pe[2], "prompt_encoder.point_embed.weight[2]"),
-        "prompt_box_br.bin": (pe[3], "prompt_encoder.point_embed.weight[3]"),
-        "prompt_not_a_point.bin": (model.not_a_point_embed.detach()[0], "prompt_encoder.not_a_point_embed.weight[0]"),
+        "prompt_point_embed_bg.bin": (t["prompt_point_embed_bg"], "prompt_encoder.point_embed.weight[0]"),
+        "prompt_point_embed_fg.bin": (t["prompt_point_embed_fg"], "prompt_encoder.point_embed.weight[1]"),
+        "prompt_box_tl.bin": (t["prompt_box_tl"], "prompt_encoder.point_embed.weight[2]"),
+        "prompt_box_br.bin": (t["prompt_box_br"], "prompt_encoder.point_embed.weight[3]"),
+        "prompt_not_a_point.bin": (t["prompt_not_a_point"], "prompt_encoder.not_a_point_embed.weight[0]"),
         "prompt_img_pos.bin": (img_pos, f"Sam2Model.get_image_wide_positional_embeddings() with image_size={size}"),
         "prompt_dense.bin": (dense, f"prompt_encoder.no_mask_embed.weight broadcast to [1,{hd},{e},{e}]"),
     }
@@ -173,14 +173,9 @@ def load_tables(directory: Path, hd: int, e: int) -> dict[str, torch.Tensor]:
 
 def compose_tokens(tables: dict[str, torch.Tensor], prompt: Prompt, size: int, tokens: int = TOKENS) -> torch.Tensor:
     """The sparse tokens ``[1, 1, tokens, Hd]`` of one prompt composed from the tables by file name
-    (as a page reads them), with :func:`kestrel.pipelines.sam2_prompts.compose`."""
-    from ..pipelines.sam2_prompts import PromptTables, compose
-
-    pt = PromptTables(gaussian=tables["prompt_gaussian.bin"], point_embed_bg=tables["prompt_point_embed_bg.bin"],
-                      point_embed_fg=tables["prompt_point_embed_fg.bin"], box_tl=tables["prompt_box_tl.bin"],
-                      box_br=tables["prompt_box_br.bin"], not_a_point=tables["prompt_not_a_point.bin"],
-                      image_size=size)
-    return compose(pt, prompt.points, prompt.labels, prompt.box, count=tokens)
+    (as a page reads them), with :func:`kestrel.pipelines.sam2_processing.compose`."""
+    return compose(PromptTables.from_files(tables, size), [tuple(p) for p in prompt.points], prompt.labels,
+                   prompt.box, count=tokens)
 
 
 # -------------------------------------------------------------------------------------- recipe
@@ -208,8 +203,9 @@ class Sam2Recipe(Recipe):
             "composed by the site)",
             "no mask prompt input (dense = no_mask_embed)",
         ]
-        self.preprocessing = (f"RGB, resize to {self.size}x{self.size} without keeping aspect, /255, ImageNet "
-                              "mean/std")
+        self.preprocessing = (f"RGB, resize to {self.size}x{self.size} without keeping aspect (PIL bilinear, "
+                              "antialiased: kestrel.pipelines.sam2_processing.pixels, as kestrel segment), /255, "
+                              "ImageNet mean/std")
         self._programs: list[mf.Program] | None = None
         self._rewrites: list[str] = []
 
@@ -219,7 +215,7 @@ class Sam2Recipe(Recipe):
         if self._programs is not None:
             return self._programs
         m, e, hd = self.bound, self.E, self.Hd
-        pixels = preprocess(photo_like(self.size), self.size)
+        pixels = preprocess(sample_photo(self.size), self.size)
         enc = Sam2Encoder(m).eval()
         enc_out = mf.program_outputs(enc, [pixels], ["image_embeddings", "hr0", "hr1"],
                                      {"image_embeddings": "no_memory_embedding added",
@@ -227,7 +223,7 @@ class Sam2Recipe(Recipe):
         with torch.no_grad():
             emb, hr0, hr1 = enc(pixels)
         tables = {n: t for n, (t, _) in prompt_tables(m).items()}
-        sparse = compose_tokens(tables, prompts_for(self.size)[0], self.size, self.tokens)
+        sparse = compose_tokens(tables, prompts_for(self.size)[0].prompt, self.size, self.tokens)
         dec_inputs = [emb, tables["prompt_img_pos.bin"], sparse, tables["prompt_dense.bin"].contiguous(), hr0, hr1]
         dec = Sam2Decoder(m).eval()
         dec_out = mf.program_outputs(dec, dec_inputs, ["masks", "iou_scores", "object_score_logits"],
@@ -279,8 +275,8 @@ class Sam2Recipe(Recipe):
     # --- validation
 
     def samples(self) -> list[str]:
-        return [f"photo-like synthetic image {self.size}x{self.size} (kestrel.export.edge_sam2.photo_like, seed 0), "
-                "preprocessed as preprocessing_outside_graph says",
+        return [f"photo-like synthetic image {3 * self.size // 2}x{self.size} (kestrel.export.edge_sam2.sample_photo, "
+                "seed 0), preprocessed as preprocessing_outside_graph says (kestrel segment's own function)",
                 *(f"prompt: {p.name}" for p in prompts_for(self.size))]
 
     def validate(self, runners: dict[str, val.Runner], runtime: str, files: dict[str, str],
@@ -289,7 +285,7 @@ class Sam2Recipe(Recipe):
         written tables; against Kestrel eager (same tokens) and transformers ``Sam2Model`` (the
         unpadded prompt through upstream's own prompt encoder)."""
         tables = load_tables(out_dir, self.Hd, self.E)
-        pixels = preprocess(photo_like(self.size), self.size)
+        pixels = preprocess(sample_photo(self.size), self.size)
         enc_prog, dec_prog = self.programs()
         emb, hr0, hr1 = runners["sam2_encoder"]([pixels])
         with torch.no_grad():
@@ -301,24 +297,21 @@ class Sam2Recipe(Recipe):
             ref_emb, ref_hr0, ref_hr1 = upstream.encode(pixels)
             rows.append(val.case(files["sam2_encoder"], runtime, self.samples()[0], upstream.label,
                                  ["image_embeddings", "hr0", "hr1"], [emb, hr0, hr1], [ref_emb, ref_hr0, ref_hr1]))
-        for prompt in prompts_for(self.size):
+        for named in prompts_for(self.size):
+            prompt = named.prompt
             sparse = compose_tokens(tables, prompt, self.size, self.tokens)
             inputs = [emb, tables["prompt_img_pos.bin"], sparse, tables["prompt_dense.bin"], hr0, hr1]
             got = runners["sam2_decoder"](inputs)
             names = [o.name for o in dec_prog.outputs]
             with torch.no_grad():
                 eager = list(dec_prog.module(*inputs))
-            rows.append(val.case(files["sam2_decoder"], runtime, f"prompt: {prompt.name} (after the encoder program)",
+            rows.append(val.case(files["sam2_decoder"], runtime, f"prompt: {named.name} (after the encoder program)",
                                  "kestrel eager", names, got, eager, masks=("masks",)))
             if upstream is not None:
                 rows.append(val.case(files["sam2_decoder"], runtime,
-                                     f"prompt: {prompt.name} (end to end from pixels)", upstream.label,
+                                     f"prompt: {named.name} (end to end from pixels)", upstream.label,
                                      names, got, upstream.decode(pixels, prompt), masks=("masks",)))
         return rows
-
-
-def sam2_recipe(model: Any) -> Sam2Recipe:
-    return Sam2Recipe(model)
 
 
 # --------------------------------------------------------------------------- transformers reference
@@ -377,9 +370,9 @@ __all__ = [
     "SDPA_REWRITE",
     "Sam2Recipe",
     "compose_tokens",
-    "is_sam2",
     "photo_like",
     "preprocess",
     "prompt_tables",
     "prompts_for",
+    "sample_photo",
 ]

@@ -736,7 +736,7 @@ class Model(Block):
         hr1: "Tensor[B, Hd, 2 * E, 2 * E; T]", sparse: "Tensor[B, Pts, N, Hd; T]",
     ) -> "(Tensor[B, Pts, 4, 4 * E, 4 * E; T], Tensor[B, Pts, 4; T], Tensor[B, Pts, 1; T])":
         """All four masks, IoU predictions and object-score logits for unpadded sparse prompt tokens
-        (as upstream's prompt encoder gives them; ``sam2_prompts.compose`` with no spare count)."""
+        (as upstream's prompt encoder gives them; ``sam2_processing.compose`` with no spare count)."""
         return self._decode(image_embeddings, hr0, hr1, sparse)
 
     def _decode(self, image_embeddings, hr0, hr1, sparse):

@@ -29,6 +29,7 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ..errors import KestrelError
+from ..kernels import settings
 
 PathLike = str | os.PathLike[str]
 ImageSource = PathLike | Image.Image
@@ -100,16 +101,7 @@ def max_pixels() -> int:
     """The pixel limit of a decoded image and of every resize target: ``KESTREL_MAX_PIXELS`` or
     :data:`MAX_PIXELS`. It bounds memory and time whatever the file's size (a 475-byte PNG can be 1 x 100,000
     pixels, which a shortest-edge resize to 256 would turn into 256 x 25,600,000)."""
-    value = os.environ.get("KESTREL_MAX_PIXELS", "").strip()
-    if not value:
-        return MAX_PIXELS
-    try:
-        limit = int(value)
-    except ValueError:
-        raise ImageError("<environment>", f"KESTREL_MAX_PIXELS must be a positive integer, got {value!r}") from None
-    if limit < 1:
-        raise ImageError("<environment>", f"KESTREL_MAX_PIXELS must be a positive integer, got {value!r}")
-    return limit
+    return settings.max_pixels(MAX_PIXELS)
 
 
 def check_pixels(source: PathLike | str, width: int, height: int, what: str = "the image has") -> None:
@@ -131,8 +123,8 @@ def _open_checked(path: PathLike) -> Image.Image:
     return Image.open(path)
 
 
-def _image_error(path: PathLike, exc: Exception) -> ImageError:
-    if isinstance(exc, ImageError):
+def _image_error(path: PathLike, exc: Exception) -> KestrelError:
+    if isinstance(exc, KestrelError):  # the image's own (ImageError) or a bad KESTREL_MAX_PIXELS (SettingError)
         return exc
     if isinstance(exc, UnidentifiedImageError):
         return ImageError(path, "not a recognised image format")

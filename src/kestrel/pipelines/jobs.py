@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ..models import capabilities
 from .images import ImageError, load_image
 
 TASKS = ("embed", "zero-shot", "segment-everything")
@@ -74,15 +75,12 @@ def resolve_revision(spec: JobSpec) -> JobSpec:
     directory, card = resolve(spec.model, spec.weights)
     config = read_config(Path(directory))
     family = family_for_config(config, Path(directory))
-    if spec.task == "zero-shot" and not hasattr(family.root(config), "text_features"):
+    if spec.task == "zero-shot" and not family.capabilities.text:
         raise CardError(f"zero-shot needs an image-text model such as siglip-base-patch16-224; {spec.model} "
                         f"({family.name}) has no text tower")
-    if spec.task == "segment-everything":
-        from .segment import SEGMENTERS
-
-        if family.name not in SEGMENTERS:
-            raise CardError(f"segment --everything needs a SAM model such as sam-vit-base; {spec.model} is of "
-                            f"family {family.name!r}")
+    if spec.task == "segment-everything" and family.capabilities.segmenter is None:
+        raise CardError(f"segment --everything needs a promptable segmentation model such as sam-vit-base or "
+                        f"sam2.1-hiera-tiny; {spec.model} is of family {family.name!r}")
     if card is not None and spec.weights is None:
         return replace(spec, revision=card.revision)
     return replace(spec, revision="sha256:" + weights_digest(Path(directory))[:16])
@@ -146,7 +144,7 @@ class ShardTask:
         from .tokenizer import SiglipTextTokenizer
         from .zero_shot import encode_texts
 
-        if not hasattr(self.model, "text_features"):
+        if not capabilities.of(self.model).text:
             raise CardError(f"zero-shot needs an image-text model such as siglip-base-patch16-224; "
                             f"{self.model.loaded.name} has no text tower")
         tok = SiglipTextTokenizer.from_dir(self.model.loaded.directory, max_length=self.model.generics["MaxPositions"])
@@ -206,8 +204,8 @@ class ShardTask:
 
     def _everything(self, image: Any) -> list[dict[str, Any]]:
         """Segment-everything masks of one image as COCO annotations (``segmentation`` in COCO RLE)."""
+        from .coco import coco_annotations
         from .mask_generation import generate_masks
-        from .rle import coco_annotations
 
         result = generate_masks(self.segmenter, image, **dict(self.spec.options))
         return [{k: v for k, v in ann.items() if k != "id"} for ann in coco_annotations(result)["annotations"]]

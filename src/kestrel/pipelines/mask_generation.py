@@ -27,8 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import rle
-from .sam_processing import preprocess_shape
+from . import coco
 
 
 @dataclass
@@ -47,7 +46,7 @@ class MaskGenerationResult:
     @property
     def masks(self) -> list[np.ndarray]:
         """The masks as bool ``[H, W]`` arrays (decoded from the RLEs)."""
-        return [rle.decode(r) for r in self.rles]
+        return [coco.decode(r) for r in self.rles]
 
 
 def point_grid(n_per_side: int) -> np.ndarray:
@@ -146,7 +145,7 @@ def generate_masks(segmenter: Any, image: Any, points_per_side: int = 32, points
                    progress: bool = False) -> MaskGenerationResult:
     """Every object in ``image`` (a path or PIL image): masks as COCO RLE with scores, best first.
 
-    ``segmenter`` is a SAM :class:`~kestrel.pipelines.segment.SamSegmenter`. The defaults are the
+    ``segmenter`` is any :class:`~kestrel.pipelines.segmenter.Segmenter` (SAM, SAM 2.1). The defaults are the
     transformers pipeline's (and Segment Anything's automatic generator's, bar its per-crop NMS).
     """
     from PIL import Image
@@ -165,7 +164,6 @@ def generate_masks(segmenter: Any, image: Any, points_per_side: int = 32, points
     check_crops(photo.width, photo.height, crops_n_layers, crop_overlap_ratio)
     crops, layers = crop_boxes(size, crops_n_layers, crop_overlap_ratio)
     grids = [point_grid(int(points_per_side / crop_n_points_downscale_factor ** i)) for i in range(crops_n_layers + 1)]
-    longest = segmenter.processor.longest_edge
 
     kept: dict[str, list[Any]] = {k: [] for k in ("rles", "scores", "stability", "boxes", "areas", "points", "crops")}
     total = sum(len(grids[layer]) for layer in layers)
@@ -176,14 +174,12 @@ def generate_masks(segmenter: Any, image: Any, points_per_side: int = 32, points
         emb = segmenter.encode(crop_image)
         ch, cw = emb.original_size
         pts_px = grids[layer] * np.array([cw, ch])[None, :]  # in pixels of the crop
-        nh, nw = preprocess_shape(ch, cw, longest)
-        pts = pts_px * np.array([nw / cw, nh / ch])[None, :]  # in the model frame (float64 as upstream)
+        pts = segmenter.frame_points(pts_px, (ch, cw))  # in the model frame (float64 as upstream)
         for b0 in range(0, len(pts), points_per_batch):
             batch = torch.from_numpy(pts[b0: b0 + points_per_batch]).float()
             n = batch.shape[0]
-            masks, iou = segmenter.decode_tensors(emb, batch.reshape(1, n, 1, 2),
-                                                  torch.ones(1, n, 1, dtype=torch.int32), None)
-            low_res, iou = masks[:, 1:].flatten(0, 1), iou[:, 1:].flatten(0, 1)  # the three multimask outputs
+            masks, iou = segmenter.decode_grid(emb, batch)  # the three multimask outputs of each point
+            low_res, iou = masks.flatten(0, 1), iou.flatten(0, 1)
             owner = torch.arange(n).repeat_interleave(3) + b0
             keep = iou > pred_iou_thresh if pred_iou_thresh > 0 else torch.ones_like(iou, dtype=torch.bool)
             for c0 in range(0, len(low_res), mask_chunk):  # full-size masks a chunk at a time
@@ -202,7 +198,7 @@ def generate_masks(segmenter: Any, image: Any, points_per_side: int = 32, points
                     m = binary[j]
                     if (x0, y0, x1, y1) != (0, 0, size[1], size[0]):
                         m = torch.nn.functional.pad(m, (x0, size[1] - x1, y0, size[0] - y1))
-                    kept["rles"].append(rle.encode(m))
+                    kept["rles"].append(coco.encode(m))
                     kept["scores"].append(float(iou[sel[j]]))
                     kept["stability"].append(float(stab[j]))
                     kept["boxes"].append((boxes[j] + torch.tensor([x0, y0, x0, y0])).tolist())

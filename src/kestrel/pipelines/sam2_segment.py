@@ -1,34 +1,26 @@
 """SAM 2.1 promptable segmentation: a photo and points or a box in, masks at the photo's size out.
 
-Pre-processing is ``Sam2Processor``'s: RGB, resize to ``size x size`` without keeping the aspect
-ratio (bilinear), ``/ 255``, ImageNet mean and std; prompts are scaled from photo pixels to the
-model frame per axis, and masks come back by a bilinear resize of the ``size / 4`` logits to the
-photo, thresholded at 0. At ``size = 512`` this is the seed's edge recipe. (Upstream's processor
-resizes with torchvision, which does not run here; Kestrel resizes the 8-bit image with PIL, whose
-bilinear filter also antialiases when it shrinks.)
+Pre-processing and prompt tokens are :mod:`kestrel.pipelines.sam2_processing`'s (the edge export uses the
+same); prompts are scaled from photo pixels to the model frame per axis, and masks come back by a bilinear
+resize of the ``size / 4`` logits to the photo, thresholded at 0. At ``size = 512`` this is the seed's edge
+recipe.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .images import ImagePreprocess, ImageSource, load_image, to_rgb
+from .images import ImageSource, load_image, to_rgb
 from .input_rules import check_prompts_inside
-from .sam_processing import Prompt, PromptError
-from .segment import Decoded, ImageEmbedding, model_revision
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-def preprocess_for(size: int) -> ImagePreprocess:
-    """The SAM 2 image pre-processing at ``size`` px (1024 upstream, 512 the seed's edge size)."""
-    return ImagePreprocess(resize=(size, size), shortest_edge=None, crop=None, resample="bilinear",
-                           rescale=1 / 255, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+from .prompts import Prompt, PromptError
+from .sam2_processing import PromptTables, compose, preprocess_for
+from .segmenter import Decoded, ImageEmbedding, model_revision
 
 
 @dataclass
@@ -55,10 +47,24 @@ class Sam2Segmenter:
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
 
-    @property
-    def processor(self) -> None:
-        """SAM's mask-prompt processing: SAM 2 here takes no mask prompt."""
+    def mask_prompt(self, array: Any, original_size: tuple[int, int]) -> torch.Tensor:
+        """SAM 2 here takes no mask prompt."""
         raise PromptError("SAM 2 here takes no mask prompt: drop --mask-input")
+
+    def frame_points(self, points: np.ndarray, original_size: tuple[int, int]) -> np.ndarray:
+        """Photo pixels ``[N, 2]`` to the square model frame, each axis scaled on its own (float64)."""
+        h, w = original_size
+        return points * np.array([self.size / w, self.size / h])[None, :]
+
+    def decode_grid(self, embedding: ImageEmbedding, points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The three multimask outputs of ``N`` single foreground points at once, as ``decode_points`` batches them."""
+        t = embedding.tensors
+        n = points.shape[0]
+        with torch.no_grad():
+            masks, iou, _ = self.model.decode_points(
+                t["image_embeddings"], t["hr0"], t["hr1"], points.reshape(1, n, 1, 2).to(self.device, self.dtype),
+                torch.ones(1, n, 1, dtype=torch.int32, device=self.device))
+        return masks[0, :, 1:], iou[0, :, 1:]
 
     def encode(self, image: ImageSource) -> ImageEmbedding:
         img = to_rgb(image if hasattr(image, "getbands") else load_image(image))  # type: ignore[arg-type]
@@ -87,8 +93,6 @@ class Sam2Segmenter:
                 labels = torch.tensor([[list(prompt.labels)]], dtype=torch.int32, device=self.device)
                 masks, iou, obj = m.decode_points(emb, hr0, hr1, points, labels)
             else:  # upstream's tokens (points, then the box) through decode_sparse
-                from .sam2_prompts import PromptTables, compose
-
                 if any(lab not in (0, 1) for lab in prompt.labels):
                     raise PromptError(f"SAM 2 with a box takes point labels 1 and 0, got {list(prompt.labels)}")
                 box = tuple(self.to_frame(prompt.box, embedding.original_size))

@@ -1,103 +1,35 @@
-"""Promptable segmentation, family-neutral: encode an image once, decode prompts, masks at the photo's size.
+"""Promptable segmentation: SAM's :class:`Segmenter`, the segmenter of a loaded model, embeddings on disk.
 
-A :class:`Segmenter` is what ``kestrel segment`` and :func:`~kestrel.pipelines.mask_generation.generate_masks`
-use; a family plugs in by implementing it (``SamSegmenter`` here) and registering a factory in
-:data:`SEGMENTERS` under its card family name. An :class:`ImageEmbedding` carries the encoder's
-tensors with the sizes post-processing needs and can be saved to (and reloaded from) safetensors, so
-a further prompt on the same image costs only the decoder.
+A family plugs in by implementing :class:`~kestrel.pipelines.segmenter.Segmenter` and registering it in
+:data:`SEGMENTERS` under the name its card's capabilities give (``segmenter="sam2"``). An
+:class:`ImageEmbedding` can be saved to (and reloaded from) safetensors, so a further prompt on the same
+image costs only the decoder.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+import numpy as np
 import torch
 
 from ..errors import KestrelError
+from ..models import capabilities
 from .images import ImageSource
-from .sam_processing import Prompt, PromptError, SamImageProcessor, prompt_tensors
+from .prompts import Prompt, PromptError
+from .sam2_segment import Sam2Segmenter
+from .sam_processing import SamImageProcessor, preprocess_shape, prompt_tensors
+from .segmenter import Decoded, ImageEmbedding, Segmenter, model_revision
 
 EMBEDDING_FORMAT = "kestrel.segment.embedding/1"
 
 
 class EmbeddingError(KestrelError, ValueError):
     """An embeddings file that belongs to another model, revision or image, or is not one."""
-
-
-@dataclass
-class ImageEmbedding:
-    """The encoder's output for one image, with the sizes post-processing needs."""
-
-    tensors: dict[str, torch.Tensor]  # SAM: {"image_embeddings": [1, Hd, 64, 64]}
-    original_size: tuple[int, int]  # (height, width) of the photo
-    input_size: tuple[int, int]  # (height, width) of the resized photo inside the model frame
-    model: str  # the model's name (card or directory) and revision, to refuse a foreign file
-    revision: str
-    image_digest: str = ""  # sha256 of the image's pixels, to refuse a stale file
-
-
-@dataclass
-class Decoded:
-    """Masks for ``P`` prompts, ``M`` masks each (1, or 3 with multimask), best first within a prompt."""
-
-    low_res: torch.Tensor  # float logits [P, M, h, w] in the model frame
-    iou: torch.Tensor  # predicted IoU [P, M]
-    masks: torch.Tensor | None = None  # bool [P, M, H, W] at the photo's size, once post-processed
-
-
-class Segmenter(Protocol):
-    """What a promptable segmentation family provides."""
-
-    name: str
-    revision: str
-    processor: SamImageProcessor  # longest_edge, scale_coords, mask_prompt (SAM 2 shares the conventions)
-
-    def encode(self, image: ImageSource) -> ImageEmbedding: ...
-
-    def decode(self, embedding: ImageEmbedding, prompts: Sequence[Prompt], multimask: bool = False,
-               mask_input: torch.Tensor | None = None) -> Decoded: ...
-
-    def decode_tensors(self, embedding: ImageEmbedding, points: torch.Tensor | None, labels: torch.Tensor | None,
-                       boxes: torch.Tensor | None, mask_input: torch.Tensor | None = None,
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every mask output ``[P, 1 + 3, h, w]`` and IoU ``[P, 1 + 3]`` (single first) for model-frame prompts."""
-        ...
-
-    def postprocess(self, low_res: torch.Tensor, embedding: ImageEmbedding,
-                    threshold: float | None = 0.0) -> torch.Tensor: ...
-
-
-def model_revision(model: torch.nn.Module) -> str:
-    """The card's pinned revision, or for a local directory a digest of its config and weight files."""
-    loaded = getattr(model, "loaded", None)
-    if loaded is None:
-        return "unknown"
-    if loaded.card is not None:
-        return loaded.card.revision
-    h = hashlib.sha256(json.dumps(loaded.config, sort_keys=True, default=str).encode())
-    for f in sorted(Path(loaded.directory).glob("*.safetensors")):
-        st = f.stat()
-        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return "local-" + h.hexdigest()[:16]
-
-
-def image_digest(image: Any) -> str:
-    """sha256 of an image's RGB pixels and size (what the embedding depends on)."""
-    from PIL import Image
-
-    from .images import load_image, to_rgb
-
-    img = image if isinstance(image, Image.Image) else load_image(image)
-    img = to_rgb(img)
-    h = hashlib.sha256(f"{img.width}x{img.height}".encode())
-    h.update(img.tobytes())
-    return h.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------- SAM
@@ -121,6 +53,21 @@ class SamSegmenter:
             emb = self.model.encode_image(item.pixel_values.to(self.device, self.dtype))
         return ImageEmbedding({"image_embeddings": emb}, item.original_size, item.reshaped_input_size,
                               self.name, self.revision)
+
+    def mask_prompt(self, array: Any, original_size: tuple[int, int]) -> torch.Tensor:
+        return self.processor.mask_prompt(array, original_size)
+
+    def frame_points(self, points: np.ndarray, original_size: tuple[int, int]) -> np.ndarray:
+        """Photo pixels to the frame of the longest-edge resize (float64, as upstream)."""
+        ch, cw = original_size
+        nh, nw = preprocess_shape(ch, cw, self.processor.longest_edge)
+        return points * np.array([nw / cw, nh / ch])[None, :]
+
+    def decode_grid(self, embedding: ImageEmbedding, points: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = points.shape[0]
+        masks, iou = self.decode_tensors(embedding, points.reshape(1, n, 1, 2),
+                                         torch.ones(1, n, 1, dtype=torch.int32), None)
+        return masks[:, 1:], iou[:, 1:]
 
     def decode(self, embedding: ImageEmbedding, prompts: Sequence[Prompt], multimask: bool = False,
                mask_input: torch.Tensor | None = None) -> Decoded:
@@ -166,24 +113,19 @@ def _select(masks: torch.Tensor, iou: torch.Tensor, multimask: bool) -> Decoded:
     return Decoded(masks[:, sl], iou[:, sl])
 
 
-def _sam2_segmenter(model: torch.nn.Module) -> Segmenter:
-    from .sam2_segment import Sam2Segmenter
-
-    return Sam2Segmenter(model)
-
-
-SEGMENTERS: dict[str, Callable[[torch.nn.Module], Segmenter]] = {"sam": SamSegmenter, "sam2": _sam2_segmenter}
+# capabilities.segmenter -> the pipeline that implements it
+SEGMENTERS: dict[str, Callable[[torch.nn.Module], Segmenter]] = {"sam": SamSegmenter, "sam2": Sam2Segmenter}
 
 
 def segmenter_for(model: torch.nn.Module) -> Segmenter:
-    """The :class:`Segmenter` of a loaded model, by its card family."""
-    loaded = getattr(model, "loaded", None)
-    name = loaded.family.name if loaded is not None else None
-    if name not in SEGMENTERS:
-        known = ", ".join(sorted(SEGMENTERS))
+    """The :class:`Segmenter` of a loaded model, as its card's capabilities name it."""
+    name = capabilities.of(model).segmenter
+    if name is None:
+        loaded = getattr(model, "loaded", None)
         what = loaded.name if loaded is not None else type(model).__name__
-        raise PromptError(f"segmentation needs a promptable segmentation model (family {known}); "
-                          f"{what} is of family {name!r}")
+        family = loaded.family.name if loaded is not None else None
+        raise PromptError(f"segmentation needs a promptable segmentation model such as sam-vit-base or "
+                          f"sam2.1-hiera-tiny; {what} is of family {family!r}")
     return SEGMENTERS[name](model)
 
 

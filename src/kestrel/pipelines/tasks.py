@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..blocks import Block
+from ..models import capabilities
 from .images import ImageError, ImagePreprocess
 
 
@@ -83,11 +84,13 @@ POOLS = ("cls", "mean", "patch")
 def image_features(model: Block, pixels: torch.Tensor, pool: str = "cls") -> torch.Tensor:
     """Features of a batch: the class token, the mean of patch tokens, or all patch tokens.
 
-    A model with an ``image_features`` entry (SigLIP) gives its pooled embedding whatever ``pool``.
+    The entry is the one the family's capabilities name (``features``): ``image_features`` (SigLIP) is
+    already a pooled embedding, whatever ``pool``; the others give tokens, pooled here.
     """
-    if hasattr(model, "image_features"):
+    entry = capabilities.of(model).features or "forward"
+    if entry == "image_features":
         return model.image_features(pixels)
-    tokens = model.features(pixels) if hasattr(model, "features") else model.forward(pixels)
+    tokens = getattr(model, entry)(pixels)
     if pool == "cls":
         return tokens[:, 0]
     if pool == "mean":

@@ -15,7 +15,6 @@ says what was chosen and the times behind it; ``KESTREL_COMPILED=always`` skips 
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ import torch
 
 from ..blocks import Block
 from ..blocks.block import check_entry_inputs
+from ..kernels import settings
 from ..types.dtypes import from_torch
 from .examples import entry_names
 
@@ -73,7 +73,7 @@ def race(compiled: Callable[..., Any], eager: Callable[..., Any], args: tuple[An
 
 def compile_entries(model: Block, freezing: bool = True) -> Block:
     """Replace each entry method of ``model`` (on the instance) with a compiled-or-eager inference call."""
-    always = os.environ.get("KESTREL_COMPILED", "") == "always"
+    always = settings.compiled_always()
     choices: dict[str, dict[str, dict[str, Any]]] = {}
     for name in entry_names(model):
         plain = getattr(model, name)

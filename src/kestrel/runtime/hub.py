@@ -26,6 +26,7 @@ from huggingface_hub.errors import (
 )
 
 from ..errors import KestrelError
+from ..kernels import settings
 
 __all__ = ["ALLOWED_FILE_PATTERNS", "HubError", "fetch", "hub_cache_dir", "is_offline"]
 
@@ -131,11 +132,7 @@ DEFAULT_CONNECT_TIMEOUT = 5.0  # seconds; KESTREL_HUB_TIMEOUT overrides
 
 
 def _connect_timeout() -> float:
-    try:
-        value = float(os.environ.get("KESTREL_HUB_TIMEOUT", "") or DEFAULT_CONNECT_TIMEOUT)
-    except ValueError:
-        return DEFAULT_CONNECT_TIMEOUT
-    return value if value > 0 else DEFAULT_CONNECT_TIMEOUT
+    return settings.hub_timeout(DEFAULT_CONNECT_TIMEOUT)
 
 
 def _endpoint() -> str:

@@ -17,14 +17,17 @@ from typing import Any
 import torch
 
 from ..blocks import Block
-from ..blocks.block import bind_generics, parameter_manifest
+from ..blocks.block import ENTRY_HOOKS, bind_generics, parameter_manifest
+from ..kernels.allocator import release_after_burst, retain_freed_memory
 from ..models.cards import CARDS, FAMILIES, Card, CardError, Family, family_for_config, find_card
 from ..types.dtypes import DType, dtype_named
-from .allocator import retain_freed_memory
 from .checkpoint import CheckpointError, Expected, load_tensors, plan_load, read_headers, safetensors_dtype
 from .hub import fetch
 from .sizes import override_problem
 
+# an entry in whose call a calibration measured something hands the freed pages back when it returns
+if release_after_burst not in ENTRY_HOOKS:
+    ENTRY_HOOKS.append(release_after_burst)
 
 @dataclass
 class Loaded:
@@ -148,7 +151,7 @@ def load(name_or_dir: str | os.PathLike[str], *, weights: str | os.PathLike[str]
     origin = "" if card is not None or weights is not None or Path(name_or_dir).is_dir() else os.fspath(name_or_dir)
     model.loaded = Loaded(family, directory, config, bound, card, origin=origin)  # type: ignore[assignment]
     model.requires_grad_(False)  # an inference model; call requires_grad_(True) to fine-tune
-    retain_freed_memory()  # activations stay mapped between calls (runtime.allocator; KESTREL_MALLOC=system)
+    retain_freed_memory()  # activations stay mapped between calls (kernels.allocator; KESTREL_MALLOC=system)
     model = model.eval().to(device)
     if quantize == "int8":
         from .quantize import quantize_int8

@@ -1,6 +1,6 @@
 """Opt-in int8 dynamic quantisation of a loaded model's ``Linear`` blocks (``load(..., quantize="int8")``).
 
-Each ``std.nn.Linear`` weight is marked for :func:`kestrel.std.kernels.mark_int8`: quantised per
+Each ``std.nn.Linear`` weight is marked for :func:`kestrel.gemm.gemm.mark_int8`: quantised per
 output channel at its first call, activations quantised per call. Parameters are not replaced (the
 state_dict stays f32 and exact); only eager CPU calls take the int8 path. Not exact: see the README's
 accuracy table (``bench/accuracy.py``).
@@ -9,22 +9,23 @@ accuracy table (``bench/accuracy.py``).
 from __future__ import annotations
 
 from ..blocks import Block
-from ..std import kernels
+from ..errors import UsageError
+from ..kernels import gemm
 from ..std.nn.linear import Linear
 
 
-class QuantizeError(ValueError):
-    pass
+class QuantizeError(UsageError):
+    """int8 asked for where this torch build cannot run it."""
 
 
 def quantize_int8(model: Block) -> int:
     """Mark every Linear of ``model`` for int8; returns how many."""
-    if not kernels.int8_available():
+    if not gemm.int8_available():
         raise QuantizeError("this torch build has no quantized CPU engine: int8 is unavailable here")
     n = 0
     for module in model.modules():
         if isinstance(module, Linear):
-            kernels.mark_int8(module.weight)
+            gemm.mark_int8(module.weight)
             n += 1
     model.quantized = "int8"  # type: ignore[assignment]
     return n

@@ -22,17 +22,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import KestrelError
+from ..errors import OutputError
 from ..pipelines.datasets import Shard, SourceError
 from ..pipelines.jobs import JobSpec, ShardResult
 
 MANIFEST = "manifest.json"
 FAILURES = "failures.parquet"
 FORMAT = "kestrel-dataset/1"
-
-
-class OutputError(KestrelError, ValueError):
-    """An output folder that holds something else, or another job's shards."""
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:

@@ -15,7 +15,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from html import escape
@@ -31,6 +31,7 @@ from ..errors import KestrelError
 from ..inspect.diagram import entry_diagram, render, theme_css
 from ..inspect.manifest import parameter_rows
 from ..inspect.printer import format_block, format_signature, listed_blocks
+from ..models.capabilities import TASKS
 from ..models.cards import CARDS, Card
 from ..types.dtypes import DTypeKind
 from .charts import bench_charts
@@ -157,26 +158,9 @@ def _table(headers: list[str], rows: Iterable[list[str]], cls: str) -> str:
 
 # --------------------------------------------------------------------------------------- tasks
 
-# (command, what it does, when a program serves it: a test on its entry names and generics)
-TASKS: list[tuple[str, str, Callable[[set[str], set[str]], bool]]] = [
-    ("classify", "top-k labels for images", lambda e, g: "forward" in e and "Classes" in g),
-    ("embed", "image features to a safetensors file",
-     lambda e, g: bool({"features", "image_features"} & e) or ("forward" in e and "Classes" not in g)),
-    ("zero-shot", "free-text labels scored against images", lambda e, g: {"image_features", "text_features"} <= e),
-    ("similarity", "a table of image x text scores", lambda e, g: {"image_features", "text_features"} <= e),
-    ("segment", "masks from point or box prompts", lambda e, g: "decode_points" in e),
-]
-
-
-def served_tasks(root: type[Block]) -> list[tuple[str, str]]:
-    """The ``kestrel`` commands that run this program (only those the installed CLI has)."""
-    from ..cli.commands import command_names  # the commands' public declarations, not argparse internals
-
-    commands = command_names()
-    decl = root.decl()
-    entries = {fn.name for fn in decl.entries}
-    generics = {g.name for g in decl.generics}
-    return [(cmd, what) for cmd, what, serves in TASKS if cmd in commands and serves(entries, generics)]
+def served_tasks(card: Card) -> list[tuple[str, str]]:
+    """The ``kestrel`` commands that run this card's model, as its family's capabilities declare them."""
+    return [(task, TASKS[task]) for task in card.family.capabilities.tasks]
 
 
 # --------------------------------------------------------------------------------------- pages
@@ -284,7 +268,7 @@ def _card_section(card: Card, root: type[Block]) -> str:
         ["License", escape(card.family.license or "as stated by the upstream checkpoint")],
         ["Program", f'<a href="#{block_anchor(decl.qualname)}"><code>{escape(decl.qualname)}</code></a>'],
     ]
-    tasks = served_tasks(root)
+    tasks = served_tasks(card)
     task_html = "".join(f"<li><code>kestrel {escape(c)}</code>: {escape(w)}</li>" for c, w in tasks)
     cli = [f"kestrel inspect {card.name}", f"kestrel inspect {card.name} --parameters",
            f"kestrel diagram {card.name} --entry {entry.name} -o {entry.name}.svg"]

@@ -53,7 +53,7 @@ class ServeError(KestrelError, ValueError):
     """A server that cannot start as asked: a non-loopback address, a missing export or runtime."""
 
 
-class UploadError(ValueError):
+class UploadError(KestrelError, ValueError):
     """An upload refused before decoding: too large, not an image we accept, or too many pixels."""
 
     def __init__(self, status: HTTPStatus, message: str) -> None:

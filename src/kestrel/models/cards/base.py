@@ -17,6 +17,11 @@ import torch
 
 from ...blocks import Block
 from ...errors import KestrelError
+from ..capabilities import NONE, Capabilities
+
+# ImageNet's channel statistics, which most vision checkpoints normalise with (the one place Kestrel writes them)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class CardError(KestrelError, ValueError):
@@ -77,6 +82,7 @@ class Family:
                               "model-*.safetensors", "preprocessor_config.json")
     description: str = ""
     license: str = ""  # the upstream checkpoints' license (SPDX id)
+    capabilities: Capabilities = NONE  # what the family serves: tasks, segmenter, export recipe, processor
 
 
 @dataclass(frozen=True, eq=False)

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import dinov2
-from .base import Bindings, Card, Family, Transform, pair
+from ..capabilities import Capabilities
+from .base import IMAGENET_MEAN, IMAGENET_STD, Bindings, Card, Family, Transform, pair
 
 _LAYER = r"(?:dinov2\.)?encoder\.layer\.(\d+)\."
 
@@ -100,9 +101,10 @@ FAMILY = Family(
     preprocess={"image_processor_type": "BitImageProcessor", "do_resize": True, "size": {"shortest_edge": 256},
                 "resample": 3, "do_center_crop": True, "crop_size": {"height": 224, "width": 224},
                 "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
-                "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]},
+                "image_mean": list(IMAGENET_MEAN), "image_std": list(IMAGENET_STD)},
     description="DINOv2 self-supervised ViT backbone",
     license="Apache-2.0",
+    capabilities=Capabilities(tasks=("embed",), features="forward"),
 )
 
 _TITLE = "DINOv2-{}: the class token and one token per 14 x 14 patch"

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from .. import sam
-from .base import Bindings, Card, Family, pair
+from ..capabilities import Capabilities
+from .base import IMAGENET_MEAN, IMAGENET_STD, Bindings, Card, Family, pair
 
 _VLAYER = r"vision_encoder\.layers\.(\d+)\."
 _TLAYER = r"mask_decoder\.transformer\.layers\.(\d+)\."
@@ -141,10 +142,11 @@ FAMILY = Family(
     settings=settings,
     preprocess={"image_processor_type": "SamImageProcessor", "do_resize": True, "size": {"longest_edge": 1024},
                 "resample": 2, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
-                "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "do_pad": True,
+                "image_mean": list(IMAGENET_MEAN), "image_std": list(IMAGENET_STD), "do_pad": True,
                 "pad_size": {"height": 1024, "width": 1024}, "do_convert_rgb": True},
     description="Segment Anything: image encoder, point, box and mask prompts, mask decoder",
     license="Apache-2.0",
+    capabilities=Capabilities(tasks=("segment",), segmenter="sam", processor="sam"),
 )
 
 def _config(hidden: int, layers: int, globals_: list[int]) -> dict[str, Any]:

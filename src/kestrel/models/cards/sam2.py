@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from .. import sam2
-from .base import Bindings, Card, Family, pair
+from ..capabilities import Capabilities
+from .base import IMAGENET_MEAN, IMAGENET_STD, Bindings, Card, Family, pair
 
 _B = r"vision_encoder\.backbone\."
 _TLAYER = r"mask_decoder\.transformer\.layers\.(\d+)\."
@@ -202,7 +203,7 @@ def settings(cfg: dict) -> dict[str, Any]:
 PREPROCESS = {
     "image_processor_type": "Sam2ImageProcessorFast", "do_resize": True, "size": {"height": 1024, "width": 1024},
     "resample": 2, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
-    "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "do_convert_rgb": True,
+    "image_mean": list(IMAGENET_MEAN), "image_std": list(IMAGENET_STD), "do_convert_rgb": True,
 }
 
 FAMILY = Family(
@@ -217,6 +218,7 @@ FAMILY = Family(
     preprocess=PREPROCESS,
     description="SAM 2.1 image path: Hiera encoder with FPN neck, point and box prompts, mask decoder",
     license="Apache-2.0",
+    capabilities=Capabilities(tasks=("segment",), segmenter="sam2", recipe="sam2-edge", processor="sam2"),
 )
 
 _TINY = {

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import siglip
+from ..capabilities import Capabilities
 from .base import Bindings, Card, Family, pair
 
 # SiglipVisionConfig / SiglipTextConfig defaults (transformers 5.24)
@@ -132,6 +133,7 @@ FAMILY = Family(
                 "image_std": [0.5, 0.5, 0.5]},
     description="SigLIP image-text model (zero-shot classification)",
     license="Apache-2.0",
+    capabilities=Capabilities(tasks=("embed", "zero-shot", "similarity"), features="image_features", text=True),
 )
 
 CARDS = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import vit
+from ..capabilities import Capabilities
 from .base import Bindings, Card, Family, pair
 
 _LAYER = r"(?:vit\.)?encoder\.layer\.(\d+)\."
@@ -60,6 +61,7 @@ FAMILY = Family(
                 "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
     description="ViT image classifier",
     license="Apache-2.0",
+    capabilities=Capabilities(tasks=("classify", "embed"), features="features"),
 )
 
 CARDS = [

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ... import kernels
 from ...checker.rules import (
     float_dtype,
     like,
@@ -18,7 +19,6 @@ from ...checker.rules import (
 from ...checker.symbolic import ShapeError, SymTensor, as_poly, current, fmt, op, require_positive
 from ...shapes.poly import ONE, Poly
 from ...types.dtypes import bool_
-from .. import kernels
 
 
 @op("attention")

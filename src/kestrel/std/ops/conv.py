@@ -7,6 +7,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ... import kernels
 from ...checker.rules import (
     float_dtype,
     like,
@@ -18,7 +19,6 @@ from ...checker.rules import (
 )
 from ...checker.symbolic import ShapeError, SymTensor, as_poly, fmt, op, require_positive
 from ...shapes.poly import Poly, floordiv
-from .. import kernels
 
 
 def _conv_out(size: Poly, k: Poly, stride: Poly, pad: Poly, what: str = "conv", x: SymTensor | None = None) -> Poly:
@@ -93,7 +93,7 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None, stride: An
 def conv_transpose2x2(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Transposed 2x2 convolution with stride 2: ``[B, Cin, H, W] -> [B, Cout, 2H, 2W]``.
 
-    Kernel: a GEMM over pixels in eager CPU inference (:func:`kestrel.std.kernels.conv_transpose2x2`,
+    Kernel: a GEMM over pixels in eager CPU inference (:func:`kestrel.kernels.gemm.conv_transpose2x2`,
     channels-last result), ``F.conv_transpose2d`` in compiled, exported and autograd graphs.
     """
     return kernels.conv_transpose2x2(x, weight, bias)

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ... import kernels
 from ...checker.rules import (
     broadcast_dims,
     float_dtype,
@@ -18,7 +19,6 @@ from ...checker.rules import (
 )
 from ...checker.symbolic import ShapeError, SymDim, SymTensor, op
 from ...types.dtypes import DType, DTypeVar, bool_
-from .. import kernels
 
 
 def _binary(name: str, torch_fn: Any) -> Any:
@@ -94,14 +94,16 @@ gelu.rule(_gelu_rule("gelu"))
 
 @op("gelu_", layout="preserve")
 def gelu_(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
-    """GELU of a temporary nothing else reads (an MLP's hidden layer): in place in eager inference.
+    """GELU that consumes its argument: ``x`` may be overwritten with the result.
 
-    An MLP's hidden activation is the largest tensor of a ViT layer (135 MB for DINOv2-B at 518 px,
-    batch 8); a second one for GELU's output costs an allocation, fresh pages and a pass of memory
-    (that GELU took 45 ms out of place, 13 in place). Compiled, exported and autograd graphs get the
-    out-of-place op. Never pass a tensor the caller still uses.
+    The contract: pass a temporary nothing else reads, written inline (``gelu_(self.up(x))``, never a
+    name the caller uses again); ``tests/test_layers.py`` checks every call in Kestrel's sources is
+    such an expression. It then runs in place in eager inference on a plain tensor, and out of place
+    everywhere else: a parameter, a tensor autograd records, compiled, traced and exported graphs.
+    An MLP's hidden activation is the largest tensor of a ViT layer; a second one for GELU's output
+    costs an allocation, fresh pages and a pass of memory (figures in the README's Speed section).
     """
-    if kernels.plain_inference(x):
+    if type(x) is torch.Tensor and kernels.plain_inference(x):
         if approximate == "tanh":
             return kernels.gelu_tanh_(x)
         return torch.ops.aten.gelu_(x, approximate=approximate)

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ... import kernels
 from ...checker.rules import (
     broadcast_dims,
     float_dtype,
@@ -15,7 +16,6 @@ from ...checker.rules import (
     same_dtype,
 )
 from ...checker.symbolic import ShapeError, SymTensor, op
-from .. import kernels
 
 
 @op("linear")
@@ -23,7 +23,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """``x @ weight.T + bias`` over the last axis: ``[*S, In] -> [*S, Out]``.
 
     Kernel: for eager f32 inference on CPU, the GEMM path measured fastest for this shape on this
-    machine (:mod:`kestrel.std.kernels`: torch's default, oneDNN or MKL's packed GEMM, all within
+    machine (:mod:`kestrel.kernels.gemm`: torch's default, oneDNN or MKL's packed GEMM, all within
     ~1e-6 relative of each other); ``F.linear`` in compiled, exported and autograd graphs.
     """
     return kernels.linear(x, weight, bias)

@@ -20,20 +20,19 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
-import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+
+from . import settings
 
 # mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 # blocks up to this size come from the heap and stay there when freed. Five times glibc's own ceiling
 # for its adaptive threshold (32 MiB), because at batch 8 the activations of these encoders sit above
-# it: DINOv2-B at 518 px has 8 x 1370 x 768 floats (33.7 MB) per token-wide tensor and 8 x 1370 x 3072
-# (135 MB) in its MLP, SAM's decoder 8 x 4096 x 256 (33.6 MB). Mapped fresh per call, DINOv2-B 518
-# batch 8 took 1.6 M page faults a call at 32 MiB (10.3 s, 651 MB peak), 0.4 M at 64 MiB in some runs
-# (the MLP's), none at 160 MiB (8.9-9.2 s, 688-818 MB; transformers 916); SAM's decoder at batch 8 49,000
-# at 32 MiB (0.33 s, 375 MB), none at 160 (0.24 s, 396 MB). Far larger is not better: with 1 GiB the
-# fragmented heap once doubled DINOv2-B 518 batch 8's high-water mark (2059 MB against 1053).
+# it: DINOv2-B at 518 px has 8 x 1370 x 768 floats per token-wide tensor and 8 x 1370 x 3072 in its MLP,
+# SAM's decoder 8 x 4096 x 256. Far larger is not better: a fragmented heap raises the high-water mark.
+# (The page faults, times and peaks measured at 32, 64, 160 MiB and 1 GiB: README, "Measurements behind
+# the kernels".)
 RETAIN_BYTES = 160 << 20
 # inside mapped_apart(): blocks from this size up are mapped apart from the heap
 APART_BYTES = 1 << 20
@@ -47,7 +46,7 @@ def retain_freed_memory() -> bool:
     if "applied" in _state:
         return _state["applied"]
     applied = False
-    if os.environ.get("KESTREL_MALLOC", "").strip().lower() != "system":
+    if not settings.system_malloc():
         libc = glibc()
         if libc is not None:
             applied = bool(libc.mallopt(_M_MMAP_THRESHOLD, RETAIN_BYTES)) and bool(
@@ -90,13 +89,24 @@ def bursts() -> int:
     return _bursts[0]
 
 
+def release_after_burst() -> Callable[[], None]:
+    """An entry hook (:data:`kestrel.blocks.block.ENTRY_HOOKS`): called as an entry starts, it returns
+    what to run when the entry returns, which releases free memory when a burst was recorded inside."""
+    before = _bursts[0]
+
+    def after() -> None:
+        if _bursts[0] != before:  # a calibration ran inside: its freed pages go back now
+            release_free_memory()
+
+    return after
+
+
 def release_free_memory() -> None:
     """Hand the free pages of the retained heap back to the system (``malloc_trim``), once retained.
 
     For after a call that held a burst: a calibration's transient blocks, freed among the forward's
-    activations, would otherwise stay resident and steer where later calls' activations land.
-    DINOv2-B at 518 px, batch 8, calibrating in its first call, peak in the calls after it (three
-    fresh runs each, the machine's heap layout varies): 753-849 MB without, 688-818 MB with.
+    activations, would otherwise stay resident and steer where later calls' activations land (the
+    peaks measured with and without: README, "Measurements behind the kernels").
     """
     libc = _retaining_glibc()
     if libc is not None:

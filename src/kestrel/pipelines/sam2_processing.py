@@ -1,8 +1,15 @@
-"""SAM 2.1 prompt composition: points, labels and a box to the decoder's fixed-count sparse tokens.
+"""SAM 2.1's processing, one module for ``segment``, ``serve``, dataset jobs and the edge export alike.
 
-This is upstream's prompt encoder written out in plain torch over the seed's prompt tables (the
-Gaussian Fourier matrix, the point and box-corner embeddings, not-a-point), so a site or an exported
-decoder (``decode_tokens``) can build its tokens outside the graph:
+**Image.** :func:`preprocess_for` / :func:`pixels`: RGB, resize to ``size x size`` without keeping the
+aspect ratio with PIL's bilinear filter (which antialiases when it shrinks), ``/ 255``, ImageNet mean
+and std. Upstream's ``Sam2Processor`` resizes with torchvision, which does not run here; this is the
+resize Kestrel's users run, and the edge export pre-processes its validation images with this very
+function (``preprocessing_outside_graph`` in its manifest), so ``validation.json`` validates it.
+
+**Prompts.** Points, labels and a box to the decoder's fixed-count sparse tokens (:class:`PromptTables`,
+:func:`compose`). This is upstream's prompt encoder written out in plain torch over the seed's prompt
+tables (the Gaussian Fourier matrix, the point and box-corner embeddings, not-a-point), so a site or an
+exported decoder (``decode_tokens``) can build its tokens outside the graph:
 
 * each point: ``[sin, cos](2 pi (2 c - 1) G)`` of its pixel centre ``(p + 0.5) / image``, plus the
   background (label 0) or foreground (label 1) embedding;
@@ -18,16 +25,33 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+from PIL import Image
 
-from ..errors import KestrelError
+from ..models.cards.base import IMAGENET_MEAN, IMAGENET_STD
+from .images import ImagePreprocess, ImageSource, load_image, to_rgb
+from .prompts import PromptError
 
 Point = tuple[float, float]
 Box = tuple[float, float, float, float]
 
 
-class PromptError(KestrelError, ValueError):
-    """A prompt that cannot be composed: bad labels, nothing given, or more tokens than the count."""
+def preprocess_for(size: int) -> ImagePreprocess:
+    """The SAM 2 image pre-processing at ``size`` px (1024 upstream, 512 the seed's edge size)."""
+    return ImagePreprocess(resize=(size, size), shortest_edge=None, crop=None, resample="bilinear",
+                           rescale=1 / 255, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+
+
+def pixels(image: ImageSource | np.ndarray | torch.Tensor, size: int) -> torch.Tensor:
+    """The model's input ``[1, 3, size, size]`` f32 from a photo: a path, a PIL image, or RGB uint8 ``[H, W, 3]``."""
+    if isinstance(image, torch.Tensor | np.ndarray):
+        img = Image.fromarray(np.asarray(image, dtype=np.uint8), mode="RGB")
+    elif isinstance(image, Image.Image):
+        img = to_rgb(image)
+    else:
+        img = to_rgb(load_image(image))
+    return preprocess_for(size)(img)
 
 
 @dataclass(frozen=True)
@@ -49,6 +73,14 @@ class PromptTables:
         return cls(gaussian=model.prompt_positional_embedding.detach().float(), point_embed_bg=pe[0],
                    point_embed_fg=pe[1], box_tl=pe[2], box_br=pe[3],
                    not_a_point=model.not_a_point_embed.detach().float()[0], image_size=16 * model.E)
+
+    @classmethod
+    def from_files(cls, tables: dict[str, torch.Tensor], image_size: int) -> PromptTables:
+        """The tables as read back from the export's ``prompt_*.bin`` files (keys with or without ``.bin``)."""
+        t = {k.removesuffix(".bin"): v for k, v in tables.items()}
+        return cls(gaussian=t["prompt_gaussian"], point_embed_bg=t["prompt_point_embed_bg"],
+                   point_embed_fg=t["prompt_point_embed_fg"], box_tl=t["prompt_box_tl"], box_br=t["prompt_box_br"],
+                   not_a_point=t["prompt_not_a_point"], image_size=image_size)
 
     def as_files(self) -> dict[str, torch.Tensor]:
         """The tables under the seed's file names (``prompt_gaussian.bin`` ...), without the ``.bin``."""

@@ -4,28 +4,31 @@ One JSON file per machine key (CPU model and instruction-set flags, thread count
 MKL versions) under ``$KESTREL_CACHE_DIR``, else ``$XDG_CACHE_HOME/kestrel``, else
 ``~/.cache/kestrel``, in ``calibration/``. Each file maps a GEMM shape ``M x N x K`` (+bias) to
 the chosen kernel and the rates every candidate reached when it was measured (GFLOP/s). The choice
-is made by :func:`kestrel.std.kernels.measure` the first time a shape runs; :func:`calibrate_model`
+is made by :func:`kestrel.kernels.gemm.measure` the first time a shape runs; :func:`calibrate_model`
 runs a model once to measure every shape it uses ahead of time (``kestrel doctor --model``,
 ``kestrel bench``). Delete the directory (or ``kestrel doctor --reset``) to measure again.
+
+Which shapes a call used is observed through a :class:`Recorder`: kernels report each shape they look
+up with :func:`note`, and every recorder open at that moment (:func:`recording`) keeps it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
 import platform
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..std import kernels
-from .cache import cache_dir as kestrel_cache_dir
-from .cache import location_key
+from . import library, settings
+from .weights import WEIGHTS
 
 VERSION = 3  # of the file format and of the measuring procedure (2: streamed, cold weights; 3: packed always
 # measured, with the in-place fallback)
@@ -33,7 +36,7 @@ VERSION = 3  # of the file format and of the measuring procedure (2: streamed, c
 
 def cache_dir() -> Path:
     """Where calibrations are kept: ``calibration/`` in Kestrel's cache folder (read at call time)."""
-    return kestrel_cache_dir("calibration")
+    return settings.cache_dir("calibration")
 
 
 def cpu_model() -> str:
@@ -61,8 +64,8 @@ def cpu_flags() -> list[str]:
 @functools.lru_cache(maxsize=1)
 def _static_key() -> tuple[tuple[str, Any], ...]:
     return (("version", VERSION), ("cpu", cpu_model()), ("flags", cpu_flags()), ("machine", platform.machine()),
-            ("torch", torch.__version__), ("onednn", kernels.onednn_version()), ("mkl", kernels.mkl_version()),
-            ("kernels", sorted(kernels.KERNELS)))
+            ("torch", torch.__version__), ("onednn", library.onednn_version()), ("mkl", library.mkl_version()),
+            ("kernels", sorted(library.KERNELS)))
 
 
 def machine_key(threads: int | None = None) -> dict[str, Any]:
@@ -129,7 +132,7 @@ def table(threads: int | None = None) -> Table:
     threads = threads if threads is not None else torch.get_num_threads()
     # keyed by what decides the folder, not the folder: building paths on every linear cost ~3% of a
     # batch-1 ViT forward
-    where_key = (location_key(), threads)
+    where_key = (settings.location_key(), threads)
     t = _TABLES.get(where_key)
     if t is None:
         key = machine_key(threads)
@@ -141,7 +144,12 @@ def forget() -> None:
     """Drop the in-memory tables (the files stay) and every linear's remembered decision: the next call
     reads the settings and the cache directory again."""
     _TABLES.clear()
-    kernels.forget_decisions()
+    forget_decisions()
+
+
+def forget_decisions() -> None:
+    """Drop every linear's remembered decision: each decides (and is recorded) afresh at its next call."""
+    WEIGHTS.clear("decision")
 
 
 def reset() -> list[Path]:
@@ -156,46 +164,54 @@ def reset() -> list[Path]:
     return gone
 
 
+class Recorder:
+    """The calibration keys (GEMM shapes, attention problems) that kernels looked up while it was open,
+    in first-use order."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def note(self, key: str) -> None:
+        if key not in self.seen:
+            self.seen.append(key)
+
+
+_RECORDERS: list[Recorder] = []
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[Recorder]:
+    """A recorder that keeps every calibration key looked up inside the ``with`` block."""
+    recorder = Recorder()
+    _RECORDERS.append(recorder)
+    try:
+        yield recorder
+    finally:
+        _RECORDERS.remove(recorder)
+
+
+def note(key: str) -> None:
+    """A kernel looked up ``key`` in the table (measured or not): every open recorder keeps it."""
+    for recorder in _RECORDERS:
+        recorder.note(key)
+
+
 def calibrate_model(call: Callable[[], Any]) -> list[tuple[str, dict[str, Any]]]:
     """Run ``call`` once (a model entry on example inputs) so every GEMM shape it uses is measured.
 
     Returns the shapes the call used with their entries, in first-use order.
     """
-    from ..std import ops_attention
-
-    seen: list[str] = []
-    original = kernels.choose
-    original_budget = ops_attention._calibrated_budget
-
-    def spy(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
-        name = original(x2d, weight, bias)
-        s = shape_key(x2d.shape[0], weight.shape[0], x2d.shape[1], bias is not None)
-        if s not in seen:
-            seen.append(s)
-        return name
-
-    def spy_budget(q3: torch.Tensor, k3: torch.Tensor, *rest: Any) -> int | None:
-        s = ops_attention.budget_key(q3.shape[0], q3.shape[1], k3.shape[1], q3.shape[2])
-        if s not in seen:
-            seen.append(s)
-        return original_budget(q3, k3, *rest)
-
-    kernels.forget_decisions()  # every linear decides (and is seen) afresh
-    kernels.choose = spy  # type: ignore[assignment]
-    ops_attention._calibrated_budget = spy_budget  # type: ignore[assignment]
-    try:
-        with torch.inference_mode():
-            call()
-    finally:
-        kernels.choose = original  # type: ignore[assignment]
-        ops_attention._calibrated_budget = original_budget  # type: ignore[assignment]
+    forget_decisions()  # every linear decides (and is recorded) afresh
+    with recording() as recorder, torch.inference_mode():
+        call()
     t = table()
-    return [(s, t.shapes.get(s, {"kernel": kernels.forced() or kernels.DEFAULT, "gflops": {}})) for s in seen]
+    unmeasured = {"kernel": settings.linear_kernel() or library.DEFAULT, "gflops": {}}
+    return [(s, t.shapes.get(s, unmeasured)) for s in recorder.seen]
 
 
 def format_choices(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """One line per shape: the chosen kernel and every candidate's measured rate."""
-    names = list(kernels.KERNELS)
+    names = list(library.KERNELS)
     head = f"  {'GEMM M x N x K':<22} {'chosen':<11} " + " ".join(f"{n:>11}" for n in names) + "  (GFLOP/s)"
     out = [head]
     for s, r in rows:

@@ -1,0 +1,120 @@
+"""Attention with decomposed relative positions, without materialising every score at once.
+
+SAM's image encoder (after MViTv2) adds to the score of query ``n`` against key ``(i, j)`` of a
+``Kh x Kw`` grid two small terms, ``rel_h[n, i] + rel_w[n, j]``. Building that bias for every head of
+a global layer at 1024 px is ``Heads x 4096 x 4096`` floats (about 800 MB for ViT-B); this kernel
+instead takes the two terms as they are and works through the scores in slices that fit a budget:
+whole heads at a time when they are small (the windowed layers), else chunks of query rows of one
+head, the slice size measured per machine and shape. Per slice, in one scores buffer reused from
+slice to slice: the two terms broadcast into it (``rel_h + rel_w``, one pass), ``q k^T * scale``
+accumulated onto them by the GEMM (``baddbmm``), the softmax in place, times ``v``. Against the
+reference's order (``(q k^T + rel_h) + rel_w``) that is a rounding-level difference (~5e-7 relative)
+and three fewer passes over each slice (measured figures: README, "Measurements behind the kernels").
+Compiled, exported and autograd graphs take the plain out-of-place form.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from . import allocator, calibration, settings
+from .library import plain_inference
+
+# Bytes of scores one slice may hold. The slice size trades cache reuse against per-slice overhead
+# and which one is fastest depends on the machine's caches (README: one machine's figures). So the first
+# call of a shape on a machine times these candidates on its own data and the calibration table keeps
+# the choice; KESTREL_ATTENTION_BUDGET fixes it (bytes) instead.
+SLICE_CANDIDATES = (4 << 20, 16 << 20, 64 << 20)
+DEFAULT_BUDGET = 16 << 20  # when calibration is off, or for traced graphs
+ROUNDS = 2
+MIN_CALIBRATED_SCORES = 1 << 22  # smaller problems take the default: not worth timing
+
+
+def budget_key(b: int, n: int, m: int, d: int) -> str:
+    """The calibration table's key for one attention problem."""
+    return f"attention {b}x{n}x{m}x{d}"
+
+
+def decomposed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel_h: torch.Tensor,
+                         rel_w: torch.Tensor, budget: int | None = None) -> torch.Tensor:
+    """``softmax(q k^T / sqrt(d) + rel_h[..., :, None] + rel_w[..., None, :]) v`` over ``[..., N, d]``.
+
+    ``rel_h`` is ``[..., N, Kh]`` and ``rel_w`` ``[..., N, Kw]`` with ``Kh * Kw`` keys (row-major).
+    ``budget`` (bytes of scores per slice) defaults to the calibrated choice for this shape.
+    """
+    lead = q.shape[:-2]
+    n, d = q.shape[-2:]
+    m, kh, kw = k.shape[-2], rel_h.shape[-1], rel_w.shape[-1]
+    q3, k3, v3 = q.reshape(-1, n, d), k.reshape(-1, m, d), v.reshape(-1, m, v.shape[-1])
+    rh, rw = rel_h.reshape(-1, n, kh, 1), rel_w.reshape(-1, n, 1, kw)
+    out = q.new_empty(q3.shape[0], n, v.shape[-1])
+    fast = plain_inference(q, k, v, rel_h, rel_w)  # may reuse a buffer and soft-max in place
+    budget = budget if budget is not None else settings.attention_budget()
+    if budget is None and fast and q3.shape[0] * n * m >= MIN_CALIBRATED_SCORES and settings.calibrate():
+        budget = _calibrated_budget(q3, k3, v3, rh, rw, out)
+        if budget is None:  # measured just now: ``out`` holds the result
+            return out.reshape(*lead, n, v.shape[-1])
+    _attend(q3, k3, v3, rh, rw, out, budget or DEFAULT_BUDGET, fast)
+    return out.reshape(*lead, n, v.shape[-1])
+
+
+def _calibrated_budget(q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, rh: torch.Tensor,
+                       rw: torch.Tensor, out: torch.Tensor) -> int | None:
+    """The cached slice budget for this shape; or time every candidate now (then None: ``out`` is filled)."""
+    b, n, d = q3.shape
+    key = budget_key(b, n, k3.shape[1], d)
+    calibration.note(key)
+    table = calibration.table()
+    hit = table.shapes.get(key)
+    if hit is not None:
+        return int(hit["kernel"])
+    best = dict.fromkeys(SLICE_CANDIDATES, float("inf"))
+    for r in range(ROUNDS):
+        for budget in (SLICE_CANDIDATES if r % 2 == 0 else SLICE_CANDIDATES[::-1]):
+            t = time.perf_counter()
+            _attend(q3, k3, v3, rh, rw, out, budget, True)
+            best[budget] = min(best[budget], time.perf_counter() - t)
+    chosen = min(best, key=lambda c: best[c])
+    allocator.note_burst()  # the entry running this forward hands the freed scores' pages back when it returns
+    table.put_entry(key, {"kernel": str(chosen), "seconds": {f"{c >> 20} MB": round(t, 5) for c, t in best.items()}})
+    return None
+
+
+def _attend(q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, rh: torch.Tensor, rw: torch.Tensor,
+            out: torch.Tensor, budget: int, fast: bool) -> None:
+    """Every slice of the problem within ``budget`` bytes of scores, written into ``out``."""
+    n, m = q3.shape[1], k3.shape[1]
+    scale = q3.shape[-1] ** -0.5
+    per_head = n * m * q3.element_size()
+    if per_head <= budget:  # several whole heads per slice
+        step = min(q3.shape[0], max(1, budget // per_head))
+        scores = q3.new_empty(step, n, m) if fast else None
+        for b0 in range(0, q3.shape[0], step):
+            b = slice(b0, b0 + step)
+            _slice(q3[b], k3[b], v3[b], rh[b], rw[b], scale, out[b], scores)
+    else:  # rows of one head per slice
+        rows = max(1, budget // (m * q3.element_size()))
+        scores = q3.new_empty(1, rows, m) if fast else None
+        for b in range(q3.shape[0]):
+            for r0 in range(0, n, rows):
+                r = slice(r0, r0 + rows)
+                one = slice(b, b + 1)
+                _slice(q3[one, r], k3[one], v3[one], rh[one, r], rw[one, r], scale, out[one, r], scores)
+
+
+def _slice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rh: torch.Tensor, rw: torch.Tensor, scale: float,
+           out: torch.Tensor, buffer: torch.Tensor | None) -> None:
+    """One slice ``[b, rows, d]`` of queries against all keys, written into ``out`` ``[b, rows, dv]``."""
+    kh, kw = rh.shape[-2], rw.shape[-1]
+    if buffer is None:  # traced, compiled or differentiated: out-of-place, the reference's order
+        s = torch.matmul(q * scale, k.transpose(-1, -2))
+        s = (s.view(*s.shape[:-1], kh, kw) + rh + rw).view(s.shape)
+        out.copy_(torch.matmul(torch.softmax(s, dim=-1), v))
+        return
+    s = buffer[:q.shape[0], :q.shape[1]]
+    torch.add(rh, rw, out=s.view(*s.shape[:-1], kh, kw))
+    s.baddbmm_(q * scale, k.transpose(-1, -2))
+    torch.ops.aten._softmax.out(s, -1, False, out=s)
+    torch.bmm(s, v, out=out)

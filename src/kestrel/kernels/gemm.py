@@ -1,0 +1,386 @@
+"""GEMM kernels for ``ops.linear``: the per-shape choice among the installed paths, fused projections,
+the transposed 2 x 2 convolution as a GEMM, and opt-in int8.
+
+Which f32 GEMM is fastest depends on the CPU, the libraries, the thread count and the shape: on
+one machine oneDNN ran at twice MKL, on the next it lost by 10%. So nothing here names a vendor or
+a CPU. Every eager ``linear`` call on CPU asks :func:`choose` for its shape ``(M, N, K)``; the first
+time a shape is seen on this machine (this CPU model, thread count and library versions) a short
+calibration times every candidate (:mod:`kestrel.kernels.library`) on that call's own data (its
+weight streamed from memory, as a forward reads it), interleaved, checks each against ``F.linear``,
+keeps the fastest and writes the choice to the user's cache directory
+(:mod:`kestrel.kernels.calibration` reads and prints it; ``kestrel doctor``).
+
+Compiled, traced and exported graphs, autograd, other dtypes and devices always take ``F.linear``
+(inductor makes its own choice there). ``KESTREL_LINEAR=torch|onednn|mkl-packed`` forces one path;
+``KESTREL_CALIBRATE=0`` turns calibration off (unseen shapes then take ``torch``). Everything derived
+from a weight (decisions, packed layouts, fused concatenations, int8 copies) is kept in
+:data:`kestrel.kernels.weights.WEIGHTS` under its one invalidation rule.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from . import allocator, calibration, settings
+from .library import DEFAULT, KERNELS, Kernel, eager_ok, packs_in_place, plain_inference
+from .library import hand_back as _hand_back
+from .pages import release_file_pages
+from .settings import SettingError
+from .weights import WEIGHTS
+
+__all__ = ["DEFAULT", "KERNELS", "Kernel", "choose", "conv_transpose2x2", "eager_ok", "forced", "fused_linear",
+           "int8_available", "linear", "mark_int8", "measure", "packs_in_place", "plain_inference"]
+# shapes under this many FLOPs are not worth timing: they run torch's default
+MIN_CALIBRATED_FLOPS = 2e6
+# calibration of one shape: at most this many rows of the call's input, about this many seconds
+CAL_ROWS = 2048
+CAL_BUDGET_S = 0.4
+CAL_ROUNDS = (3, 12)  # at least, at most
+# a candidate replaces torch's default only when it is this much faster (noise on shared machines)
+MARGIN = 0.03
+# a candidate must match F.linear to this relative error (max |diff| / max |ref|) to be eligible
+CHECK_TOL = 1e-5
+# In a model every weight is read once per forward, after all the others: it comes from memory, not
+# cache. Timing one weight over and over measures a hot cache instead, and ranks the paths differently
+# (measured: at 64 rows oneDNN beat torch's default by 15% on streamed weights and lost on a hot one).
+# So each timed pass runs over copies of the weight that together exceed what the caches keep.
+# A pass stops at PASS_FLOPS of work: a long GEMM is compute-bound, where the weight's first read
+# hardly shows, and its calibration stays within budget.
+COLD_BYTES = 128 * 2**20
+MAX_COPIES = 64
+PASS_FLOPS = 2e10
+
+
+# -------------------------------------------------------------------------------- the choice
+
+
+def forced() -> str | None:
+    """The kernel ``KESTREL_LINEAR`` forces, or None (``KESTREL_ONEDNN=0`` still means torch)."""
+    name = settings.linear_kernel()
+    if name is not None and name not in KERNELS:
+        raise SettingError(f"KESTREL_LINEAR={name!r}: not a kernel here; available: {', '.join(KERNELS)} or auto")
+    return name
+
+
+def choose(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
+    """The kernel for this call's shape: forced, cached, calibrated now, or torch's default.
+
+    A calibrated choice that runs on a packed copy of the weight stands only where packing this weight
+    costs no memory (:func:`packs_in_place`); elsewhere the fastest kernel that reads it in place runs.
+    """
+    m, k = x2d.shape
+    n = weight.shape[0]
+    calibration.note(calibration.shape_key(m, n, k, bias is not None))
+    name = forced()
+    if name is not None:
+        return name
+    table = calibration.table()
+    entry = table.entry(m, n, k, bias is not None)
+    if entry is None or entry.get("kernel") not in KERNELS:
+        if not settings.calibrate() or 2.0 * m * n * k < MIN_CALIBRATED_FLOPS or len(KERNELS) == 1:
+            return DEFAULT
+        entry = measure(x2d, weight, bias)
+        table.put(m, n, k, bias is not None, entry)
+    name = entry["kernel"]
+    if KERNELS[name].copies_weight and not packs_in_place(weight):
+        fallback = entry.get("in_place", DEFAULT)
+        return fallback if fallback in KERNELS else DEFAULT
+    return name
+
+
+def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            kernels: Sequence[str] | None = None, budget_s: float = CAL_BUDGET_S) -> dict[str, Any]:
+    """Time every candidate on (up to CAL_ROWS rows of) this input, interleaved; check each against F.linear.
+
+    Each timing is a pass over enough copies of the weight (COLD_BYTES) that none is in cache when it
+    is read, as in a model's forward; the copies live only while measuring.
+
+    Returns ``{"kernel": chosen, "in_place": the fastest that reads the weight in place (for weights that
+    cannot be packed at no memory cost), "gflops": {name: best rate}, "rejected": {name: why},
+    "rows": timed rows}``.
+    """
+    names = list(kernels or KERNELS)
+    x = x2d[:CAL_ROWS]
+    m, k = x.shape
+    n = weight.shape[0]
+    flops = 2.0 * m * n * k
+    ref = F.linear(x, weight, bias)
+    scale = float(ref.abs().max()) or 1.0
+    rejected: dict[str, str] = {}
+    live: list[str] = []
+    for name in names:
+        try:
+            out = KERNELS[name].run(x, weight, bias)
+            err = float((out - ref).abs().max()) / scale
+        except Exception as e:  # a library that refuses this shape is simply not a candidate
+            rejected[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
+            continue
+        if not err <= CHECK_TOL:
+            rejected[name] = f"differs from F.linear by {err:.1e}"
+            continue
+        live.append(name)
+    copies = max(1, min(MAX_COPIES, -(-COLD_BYTES // max(1, weight.numel() * weight.element_size())),
+                        int(PASS_FLOPS // max(flops, 1.0))))
+    weights = [weight]
+    if live and copies > 1:
+        # one allocation for all copies, mapped apart from the heap and handed back to the system when
+        # freed: from the heap they would stay resident, among the activations of the forward that is
+        # calibrating, and steer where its later calls' activations land (README: the peaks measured)
+        with allocator.mapped_apart():
+            weights += weight.expand(copies - 1, *weight.shape).clone().unbind(0)
+    best = {name: float("inf") for name in live}
+    lo, hi = CAL_ROUNDS
+    start = time.perf_counter()
+    for r in range(hi):
+        for name in (live if r % 2 == 0 else live[::-1]):  # alternate the order: no seat is favoured
+            run = KERNELS[name].run
+            t = time.perf_counter()
+            for w in weights:  # one pass over cold weights, as a forward reads them
+                run(x, w, bias)
+            best[name] = min(best[name], (time.perf_counter() - t) / len(weights))
+        if r + 1 >= lo and time.perf_counter() - start > budget_s:
+            break
+    for w in weights:  # packed copies made for timing: the chosen kernel packs its own
+        WEIGHTS.pop("packed", (w,))
+    del weights
+    allocator.note_burst()  # the entry running this forward hands the freed copies' pages back when it returns
+    gflops = {name: flops / t / 1e9 for name, t in best.items()}
+    in_place = _pick({nm: r for nm, r in gflops.items() if not KERNELS[nm].copies_weight})
+    return {"kernel": _pick(gflops), "in_place": in_place, "gflops": {nm: round(v, 2) for nm, v in gflops.items()},
+            "rejected": rejected, "rows": m}
+
+
+def _pick(gflops: dict[str, float]) -> str:
+    """The fastest kernel; torch's default unless beaten by MARGIN."""
+    if not gflops:
+        return DEFAULT
+    chosen = max(gflops, key=lambda n: gflops[n])
+    if DEFAULT in gflops and gflops[chosen] < gflops[DEFAULT] * (1 + MARGIN):
+        chosen = DEFAULT
+    return chosen
+
+
+# ---------------------------------------------------------------------------------- the kernels
+
+
+# A linear's decision, kept per (weight, rows, bias or not, thread count) so that a forward's steady state costs one
+# lookup: each Python call in a forward runs on caches the GEMMs just flushed, where the full decision
+# (settings, table, memory verdict) cost ~25 us a call, 3% of SigLIP's text tower at batch 1. A weight
+# written to (its version moves) is decided again; calibration.forget_decisions() drops them all (the
+# calibration's forget and reset call it), so settings changed mid-process apply to new weights, or
+# after a forget.
+def _decide(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
+    extra = (x2d.shape[0], bias is not None, torch.get_num_threads())
+    name = WEIGHTS.get("decision", (weight,), extra)
+    return name if name is not None else WEIGHTS.put("decision", (weight,), choose(x2d, weight, bias), extra)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as contiguous rows ``[*, In]``: what the GEMM kernels take (a view when it can be)."""
+    x2d = x.reshape(-1, x.shape[-1])
+    return x2d if x2d.is_contiguous() else x2d.contiguous()
+
+
+def _cat_biases(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+    """The fused projection's bias: the parts' biases end to end, zeros for a part without one."""
+    if all(b is None for b in biases):
+        return None
+    return torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` over the last axis, through the kernel chosen for this shape."""
+    if not eager_ok(x, weight) or x.numel() == 0:
+        return F.linear(x, weight, bias)
+    x2d = _rows(x)
+    if _INT8_MARKED[0] and getattr(weight, _INT8_FLAG, False):
+        y = torch.ops.quantized.linear_dynamic(x2d, _int8_packed(weight, bias), True)
+        return y.view(*x.shape[:-1], weight.shape[0])
+    name = _decide(x2d, weight, bias)
+    if name == DEFAULT:
+        return F.linear(x, weight, bias)
+    return KERNELS[name].run(x2d, weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+
+# ------------------------------------------------------------------------- transposed 2x2 convolution
+
+
+def conv_transpose2x2(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Stride-2 transposed 2 x 2 convolution, ``[B, Cin, H, W] -> [B, Cout, 2H, 2W]``.
+
+    Each input pixel becomes its own 2 x 2 block, so in eager f32 inference on CPU it runs as one
+    GEMM over pixels (``[B*H*W, Cin] @ [Cin, Cout*4]``) and a single pass that interleaves the blocks
+    and adds the bias. The result is laid out channels-last (strides, not shape): a channel norm, an
+    activation or a second such convolution after it then reads it with the grain, and an input that
+    is already channels-last (SAM's decoder hands over its image tokens that way) is read without a
+    copy (SAM's decoder, against oneDNN's deconvolution: README, "Measurements behind the kernels").
+    """
+    if not (eager_ok(x, weight) and x.dim() == 4 and weight.shape[2:] == (2, 2)) or x.numel() == 0:
+        return F.conv_transpose2d(x, weight, bias, stride=2)
+    b, cin, h, w = x.shape
+    cout = weight.shape[1]
+    pixels = x.permute(0, 2, 3, 1).reshape(b * h * w, cin)  # a view when x is channels-last
+    # columns ordered (i, j, c): each pixel's 2 x 2 block then lies as two runs of 2 * Cout numbers
+    columns = weight.permute(0, 2, 3, 1).reshape(cin, 4 * cout)
+    blocks = torch.mm(pixels, columns).view(b, h, w, 2, 2 * cout)
+    out = torch.empty(b, h, 2, w, 2 * cout, dtype=x.dtype)
+    interleaved = blocks.transpose(2, 3)  # out[b, h, i, w, (j, c)] = blocks[b, h, w, i, (j, c)] (+ bias[c])
+    if bias is None:
+        out.copy_(interleaved)
+    else:
+        torch.add(interleaved.view(b, h, 2, w, 2, cout), bias, out=out.view(b, h, 2, w, 2, cout))
+    return out.view(b, 2 * h, 2 * w, cout).permute(0, 3, 1, 2)
+
+
+# ------------------------------------------------------------------------- int8 (opt-in, not exact)
+
+# int8 is a request on the weight itself (an attribute, kept by the object whatever its version); the
+# quantised copy is derived state, kept in WEIGHTS and made again when the weight or bias is written to
+_INT8_FLAG = "_kestrel_int8"
+_INT8_MARKED = [False]  # whether any weight was ever marked: the common path skips the attribute lookup
+
+
+def mark_int8(weight: torch.Tensor) -> None:
+    """Run this weight's products as int8 dynamic quantisation (opt-in: ``kestrel.load(..., quantize="int8")``).
+
+    Weights are quantised per output channel to int8 at their first call; activations per call, per
+    tensor (reduce_range, so AVX2's 16-bit intermediate sums cannot saturate). Not exact: the
+    accuracy against f32 is in the README.
+    """
+    setattr(weight, _INT8_FLAG, True)
+    _INT8_MARKED[0] = True
+
+
+def int8_available() -> bool:
+    return hasattr(torch.ops.quantized, "linear_dynamic") and bool(torch.backends.quantized.supported_engines)
+
+
+def _int8_packed(weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+    owners = (weight,) if bias is None else (weight, bias)
+    return WEIGHTS.get_or_make("int8", owners, lambda: _quantize(weight, bias))
+
+
+def _quantize(weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+    w = weight.detach().float()
+    scales = (w.abs().amax(dim=1).clamp_min(1e-12) / 127).double()
+    zeros = torch.zeros(w.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():  # torch deprecates quantised tensors; the packed kernels stay
+        warnings.simplefilter("ignore")
+        q = torch.quantize_per_channel(w, scales, zeros, 0, torch.qint8)
+        return torch.ops.quantized.linear_prepack(q, None if bias is None else bias.detach().float())
+
+
+# --------------------------------------------------------------------------- fused projections
+
+
+def fuse_in_place(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The parts' concatenation along axis 0, each part made a view of it (:meth:`WeightCache.fuse`: the
+    one place a parameter's storage moves). The parts' checkpoint pages, then read by nothing, are
+    handed back."""
+    whole = WEIGHTS.fuse(parts, release=release_file_pages)
+    if any(getattr(p, _INT8_FLAG, False) for p in parts):
+        mark_int8(whole)
+    return whole
+
+
+@dataclass
+class _Group:
+    """Several projections packed as one GEMM (``mkl-packed``): the packed copy of their concatenation
+    takes the parts' file pages' place; the parts stay parameters of their own."""
+
+    rows: int
+    packed: torch.Tensor
+    bias: torch.Tensor | None
+    shape: torch.Tensor  # [sum(Out), In] without storage: MKL's op reads only its sizes at the packed rows
+
+
+def _packed_group(x: torch.Tensor, x2d: torch.Tensor, weights: Sequence[torch.Tensor],
+                  biases: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+    """``x @ cat(weights).T + cat(biases)`` as one packed GEMM where the fused shape calibrated to
+    ``mkl-packed`` and every part packs at no memory cost; None where it does not (the caller goes on).
+    ``x2d`` is ``_rows(x)``."""
+    if any(w.shape[1:] != weights[0].shape[1:] for w in weights):
+        return None
+    rows = x2d.shape[0]
+    group = WEIGHTS.get("packed-group", weights)  # one layout per group: a new row count replaces the old
+    if group is not None and group.rows == rows:
+        return _mkl_linear_packed(x, x2d, group)
+    if _decide_group(x2d, weights, biases) != "mkl-packed" or not all(packs_in_place(w) for w in weights):
+        return None
+    WEIGHTS.pop("packed-group", weights)  # the old layout goes before the new one is made
+    del group
+    whole = torch.cat(list(weights), dim=0)
+    with allocator.mapped_apart():
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(whole, rows)
+    del whole
+    for w in weights:
+        WEIGHTS.pop("packed", (w,))  # a part's own packed copy, from another row count, is not needed now
+        _hand_back(w)
+    bias = _cat_biases(weights, biases)
+    n = sum(w.shape[0] for w in weights)
+    group = WEIGHTS.put("packed-group", weights, _Group(
+        rows, packed, bias, torch.empty(1, dtype=weights[0].dtype).expand(n, weights[0].shape[1])))
+    return _mkl_linear_packed(x, x2d, group)
+
+
+def _mkl_linear_packed(x: torch.Tensor, x2d: torch.Tensor, group: _Group) -> torch.Tensor:
+    out = torch.ops.mkl._mkl_linear(x2d, group.packed, group.shape, group.bias, group.rows)
+    return out.view(*x.shape[:-1], group.shape.shape[0])
+
+
+def _decide_group(x2d: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None]) -> str:
+    """The kernel calibrated (or forced) for the fused shape ``rows x sum(Out) x In``; measured on a
+    temporary concatenation the first time (remembered like a single weight's decision)."""
+    has_bias = any(b is not None for b in biases)
+    extra = (x2d.shape[0], has_bias, torch.get_num_threads())
+    hit = WEIGHTS.get("decision", weights, extra)
+    if hit is not None:
+        return hit
+    whole = torch.cat(list(weights), dim=0)
+    choose(x2d, whole, _cat_biases(weights, biases))  # measures the fused shape if new; recorders see it
+    del whole
+    m, k = x2d.shape
+    name = forced() or calibration.table().get(m, sum(w.shape[0] for w in weights), k, has_bias) or DEFAULT
+    return WEIGHTS.put("decision", weights, name, extra)
+
+
+def _packs_parts(x2d: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None]) -> bool:
+    """Whether every part of a fused projection would run on its own packed copy (same-shaped parts
+    whose shape calibrated to a packing kernel, each packable at no memory cost)."""
+    if any(w.shape != weights[0].shape for w in weights):
+        return False
+    return all(KERNELS[_decide(x2d, w, b)].copies_weight for w, b in zip(weights, biases))
+
+
+def fused_linear(x: torch.Tensor, weights: Sequence[torch.Tensor],
+                 biases: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor, ...]:
+    """Several projections of one input as one GEMM: ``linear(x, cat(weights), cat(biases))``, split."""
+    sizes = [w.shape[0] for w in weights]
+    params = [*weights, *(b for b in biases if b is not None)]
+    eager = (eager_ok(x, weights[0]) and not any(p.requires_grad for p in params)
+             and all(type(p) in (torch.Tensor, torch.nn.Parameter) for p in params))
+    if eager and x.numel() > 0:
+        x2d = _rows(x)
+        if "mkl-packed" in KERNELS:
+            out = _packed_group(x, x2d, weights, biases)
+            if out is not None:
+                return tuple(torch.split(out, sizes, dim=-1))
+        if _packs_parts(x2d, weights, biases):
+            # each part runs packed: the packed copies replace the checkpoint's pages, where a fused
+            # buffer would be a second copy in memory (and packed parts outrun any fused in-place GEMM)
+            return tuple(linear(x, w, b) for w, b in zip(weights, biases))
+    if eager:
+        weight = fuse_in_place(weights)
+        all_biases = all(b is not None for b in biases)
+        bias = fuse_in_place(biases) if all_biases else _cat_biases(weights, biases)  # type: ignore[arg-type]
+    else:  # traced, compiled or trained: plain concatenation, which inductor's freezing folds
+        weight = torch.cat(list(weights), dim=0)
+        bias = _cat_biases(weights, biases)
+    return tuple(torch.split(linear(x, weight, bias), sizes, dim=-1))
