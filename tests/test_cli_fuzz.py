@@ -314,8 +314,7 @@ def test_random_command_lines(capsys, files, no_work, tmp_path):
 
 def test_help_and_the_site_read_the_same_declarations(capsys):
     """Every declared option appears in its command's --help; the site's description lists the same."""
-    from kestrel.cli.commands import command_names
-    from kestrel.cli.options import describe
+    from kestrel.cli.commands import command_names, describe
     from kestrel.site.build import served_tasks  # noqa: F401 (reads command_names, not argparse internals)
 
     described = {c["name"]: c for c in describe()}

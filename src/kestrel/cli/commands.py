@@ -8,12 +8,13 @@ module registers its :class:`~kestrel.cli.options.Command` when imported; add it
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 from .options import REGISTRY, Command
 
 MODULES = ("models", "tasks", "site", "segment", "serve", "doctor")
 
-__all__ = ["MODULES", "all_commands", "command_names", "load_all"]
+__all__ = ["MODULES", "all_commands", "command_names", "describe", "load_all"]
 
 
 def load_all() -> None:
@@ -31,3 +32,9 @@ def all_commands() -> list[Command]:
 def command_names() -> set[str]:
     """The names of every ``kestrel`` command (what the site links to)."""
     return {c.name for c in all_commands()}
+
+
+def describe() -> list[dict[str, Any]]:
+    """Every command and its options as plain data (what a page or a fuzzer reads), sorted by name."""
+    load_all()
+    return [REGISTRY[name].describe() for name in sorted(REGISTRY)]

@@ -3,8 +3,8 @@
 A command is a :class:`Command`: its name, help texts, the function that runs it and a list of
 :class:`Option`. An option names its flags (or its positional name) and its :class:`Kind`: a typed,
 range-checked parser with one error style. ``argparse`` is built from these declarations
-(:func:`add_command`), ``--help`` prints them, the registry site lists them (:func:`describe`), and the CLI
-fuzzer (``tests/test_cli_fuzz.py``) generates bad values for every option from each kind's
+(:func:`add_command`), ``--help`` prints them, :func:`kestrel.cli.commands.describe` gives them as data,
+and the CLI fuzzer (``tests/test_cli_fuzz.py``) generates bad values for every option from each kind's
 :attr:`Kind.bad` classes. No command re-parses a value by hand.
 
 One error style: a kind raises ``argparse.ArgumentTypeError`` whose text says what was expected and what
@@ -74,7 +74,6 @@ __all__ = [
     "Text",
     "Threads",
     "add_command",
-    "describe",
     "register",
     "shown",
     "special_file_reason",
@@ -567,7 +566,7 @@ class NpyFile(ExistingPath):
 
     def check_content(self, text: str) -> None:
         from ..errors import KestrelError
-        from ..pipelines.readers import read_mask
+        from ..pipelines.images import read_mask
 
         try:
             read_mask(text)
@@ -816,11 +815,3 @@ def add_command(sub: argparse._SubParsersAction, command: Command) -> argparse.A
         option.add_to(target)
     p.set_defaults(run=command.run)
     return p
-
-
-def describe() -> list[dict[str, Any]]:
-    """Every registered command and its options as plain data (the registry site reads this)."""
-    from . import commands
-
-    commands.load_all()
-    return [REGISTRY[name].describe() for name in sorted(REGISTRY)]

@@ -88,11 +88,10 @@ def cmd_segment(args: argparse.Namespace) -> int:
     import torch
     from PIL import Image
 
-    from ..pipelines.images import load_image
+    from ..pipelines.images import load_image, read_mask
     from ..pipelines.input_rules import check_prompts_inside
     from ..pipelines.overlay import draw_overlay
     from ..pipelines.prompts import PromptError
-    from ..pipelines.readers import read_mask
     from ..pipelines.segment import load_embedding, save_embedding, segmenter_for
     from ..pipelines.segmenter import image_digest
     from .tasks import _load, check_size

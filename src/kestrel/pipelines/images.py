@@ -434,3 +434,20 @@ def _resample_name(value: Any) -> str:
     if isinstance(value, int) and value in _RESAMPLE_BY_CODE:
         return _RESAMPLE_BY_CODE[value]
     raise ValueError(f"resample: unsupported filter {value!r}")
+
+
+def read_mask(path: PathLike) -> np.ndarray:
+    """A mask prompt: a 2-D numeric ``.npy`` (e.g. ``lowres_K.npy``) or a mask image (as ``L`` values)."""
+    from .readers import ReadError, check_file, read_npy
+
+    p = check_file(path, "mask file")
+    if p.suffix.lower() == ".npy":
+        array = read_npy(p)
+    else:
+        try:
+            array = np.asarray(load_image_mode(p, "L"))
+        except ImageError as e:
+            raise ReadError(p, f"neither a .npy array nor a mask image: {e.reason}") from None
+    if array.ndim != 2 or 0 in array.shape:
+        raise ReadError(p, f"expected a 2-D mask, got shape {tuple(array.shape)}")
+    return array

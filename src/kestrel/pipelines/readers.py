@@ -5,7 +5,6 @@
 - :func:`read_json_object` reads a JSON config (``preprocessor_config.json``, ``manifest.json``): empty,
   cut mid-object, not UTF-8, or not an object are all refused.
 - :func:`read_npy` reads a ``.npy`` array without pickles: empty, truncated, text, object arrays refused.
-- :func:`read_mask` reads a ``--mask-input``: a 2-D numeric ``.npy`` or a mask image.
 - :func:`read_csv_column` and :func:`read_parquet_column` read a column of a table (a UTF-8 byte-order mark
   as Excel writes it, CRLF line ends and quoted fields are fine).
 - :func:`read_edge_manifest` reads a ``kestrel export`` folder of SAM 2.1's edge split and returns its
@@ -31,7 +30,7 @@ from ..errors import KestrelError
 PathLike = str | os.PathLike[str]
 
 __all__ = ["ReadError", "check_file", "check_safetensors", "read_csv_column", "read_edge_manifest",
-           "read_json_object", "read_mask", "read_npy", "read_parquet_column"]
+           "read_json_object", "read_npy", "read_parquet_column"]
 
 
 def _shown(path: PathLike) -> str:
@@ -120,23 +119,6 @@ def read_npy(path: PathLike) -> np.ndarray:
         raise ReadError(p, f"expected numbers, got an array of dtype {array.dtype}")
     if array.size and not np.isfinite(array.astype(np.float64, copy=False)).all():
         raise ReadError(p, "holds NaN or infinite values")
-    return array
-
-
-def read_mask(path: PathLike) -> np.ndarray:
-    """A mask prompt: a 2-D numeric ``.npy`` (e.g. ``lowres_K.npy``) or a mask image (as ``L`` values)."""
-    p = check_file(path, "mask file")
-    if p.suffix.lower() == ".npy":
-        array = read_npy(p)
-    else:
-        from .images import ImageError, load_image_mode
-
-        try:
-            array = np.asarray(load_image_mode(p, "L"))
-        except ImageError as e:
-            raise ReadError(p, f"neither a .npy array nor a mask image: {e.reason}") from None
-    if array.ndim != 2 or 0 in array.shape:
-        raise ReadError(p, f"expected a 2-D mask, got shape {tuple(array.shape)}")
     return array
 
 
