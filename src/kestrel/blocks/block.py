@@ -45,11 +45,15 @@ class Block(nn.Module):
     _kestrel_module: ClassVar[str]
     _kestrel_decl: ClassVar[BlockDecl | None]
 
-    def __init_subclass__(cls, module: str | None = None, **kwargs: Any) -> None:
+    def __init_subclass__(cls, module: str | None = None, abstract: bool = False, **kwargs: Any) -> None:
+        """``module=`` names the kestrel module the block prints under (default: its Python module's
+        last name); ``abstract=True`` marks a base that only other blocks inherit from: it is not
+        listed in its module (it may leave generics to its subclasses)."""
         super().__init_subclass__(**kwargs)
         cls._kestrel_module = module or cls.__module__.rsplit(".", 1)[-1]
         cls._kestrel_decl = None
-        REGISTRY.setdefault(cls._kestrel_module, []).append(cls)
+        if not abstract:
+            REGISTRY.setdefault(cls._kestrel_module, []).append(cls)
         for name, fn in list(cls.__dict__.items()):
             if getattr(fn, "__kestrel_entry__", False):
                 setattr(cls, name, _checked_entry(fn))

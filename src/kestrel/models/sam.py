@@ -15,8 +15,9 @@ import math
 from ..blocks import Block, Dim, Float, Param, entry, f32
 from ..blocks.block import REGISTRY
 from ..std import ops
-from ..std.nn import Conv2d, Linear
+from ..std.nn import Conv2d, Linear, transformer
 from ..std.ops_attention import decomposed_attention
+from . import sam_parts
 
 IMAGE = 1024  # the encoder's input side, in pixels
 GRID = 64  # the patch grid: IMAGE / 16
@@ -24,31 +25,12 @@ WINDOW = 14  # the windowed layers' window side
 MASK_TOKENS = 4  # one single-mask token, then three multimask tokens
 
 
-class LayerNorm(Block):
-    D: Dim
-    T: Float
-    eps: float = 1e-6
-
-    weight: Param["D; T"]
-    bias: Param["D; T"]
-
-    def forward(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
-        return ops.layer_norm(x, self.weight, self.bias, self.eps)
+class LayerNorm(transformer.LayerNorm):
+    pass
 
 
-class LayerNormCHW(Block):
+class LayerNormCHW(sam_parts.LayerNormCHW):
     """Layer norm over the channels of a channels-first map (SAM's neck and mask upscaling)."""
-
-    C: Dim
-    T: Float
-    eps = 1e-6  # fixed upstream, whatever the config says
-
-    weight: Param["C; T"]
-    bias: Param["C; T"]
-
-    def forward(self, x: "Tensor[B, C, H, W; T]") -> "Tensor[B, C, H, W; T]":
-        y = ops.layer_norm(x.permute(0, 2, 3, 1), self.weight, self.bias, self.eps)
-        return y.permute(0, 3, 1, 2)
 
 
 class GeluMlp(Block):
@@ -63,47 +45,17 @@ class GeluMlp(Block):
         return self.lin2(ops.gelu_(self.lin1(x)))
 
 
-class ReluMlp(Block):
-    D: Dim
-    Inner: Dim
-    T: Float
-
-    lin1: Linear["D, Inner, T"]
-    lin2: Linear["Inner, D, T"]
-
+class ReluMlp(GeluMlp):
     def forward(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
         return self.lin2(ops.relu(self.lin1(x)))
 
 
-class FeedForward3(Block):
+class FeedForward3(sam_parts.FeedForward3):
     """Three linear layers with ReLU between them (the hypernetworks and the IoU head)."""
 
-    In: Dim
-    Hidden: Dim
-    Out: Dim
-    T: Float
 
-    proj_in: Linear["In, Hidden, T"]
-    hidden: Linear["Hidden, Hidden, T"]
-    proj_out: Linear["Hidden, Out, T"]
-
-    def forward(self, x: "Tensor[*S, In; T]") -> "Tensor[*S, Out; T]":
-        return self.proj_out(ops.relu(self.hidden(ops.relu(self.proj_in(x)))))
-
-
-class Deconv2x2(Block):
-    """A stride-2 transposed 2 x 2 convolution: each pixel becomes a 2 x 2 block."""
-
-    Cin: Dim
-    Cout: Dim
-    T: Float
-    where = "Cin > 0, Cout > 0"
-
-    weight: Param["Cin, Cout, 2, 2; T"]
-    bias: Param["Cout; T"]
-
-    def forward(self, x: "Tensor[B, Cin, H, W; T]") -> "Tensor[B, Cout, 2 * H, 2 * W; T]":
-        return ops.conv_transpose2x2(x, self.weight, self.bias)
+class Deconv2x2(sam_parts.Deconv2x2):
+    pass
 
 
 # ---------------------------------------------------------------------------------- image encoder

@@ -21,24 +21,15 @@ import math
 
 from ..blocks import Array, Block, Dim, Float, Param, entry, f32
 from ..std import ops
-from ..std.nn import Conv2d, Linear
+from ..std.nn import Conv2d, Linear, transformer
+from . import sam_parts
 
 MASK_TOKENS = 4  # one single-mask token, then three multimask tokens
 NOT_A_POINT_BIAS = -1e9  # the key bias of a padding token in decode_tokens
 
 
-class LayerNorm(Block):
+class LayerNorm(transformer.LayerNorm):
     """Hiera's layer norm (the config's ``layer_norm_eps``)."""
-
-    D: Dim
-    T: Float
-    eps: float = 1e-6
-
-    weight: Param["D; T"]
-    bias: Param["D; T"]
-
-    def forward(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
-        return ops.layer_norm(x, self.weight, self.bias, self.eps)
 
 
 class TokenNorm(Block):
@@ -54,17 +45,8 @@ class TokenNorm(Block):
         return ops.layer_norm(x, self.weight, self.bias, 1e-5)
 
 
-class LayerNormCHW(Block):
+class LayerNormCHW(sam_parts.LayerNormCHW):
     """Layer norm over the channels of a channels-first map (the mask upscaling path)."""
-
-    C: Dim
-    T: Float
-
-    weight: Param["C; T"]
-    bias: Param["C; T"]
-
-    def forward(self, x: "Tensor[B, C, H, W; T]") -> "Tensor[B, C, H, W; T]":
-        return ops.layer_norm_chw(x, self.weight, self.bias, 1e-6)
 
 
 class GeluMlp(Block):
@@ -79,47 +61,17 @@ class GeluMlp(Block):
         return self.proj_out(ops.gelu_(self.proj_in(x)))
 
 
-class ReluMlp(Block):
-    D: Dim
-    Inner: Dim
-    T: Float
-
-    proj_in: Linear["D, Inner, T"]
-    proj_out: Linear["Inner, D, T"]
-
+class ReluMlp(GeluMlp):
     def forward(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
         return self.proj_out(ops.relu(self.proj_in(x)))
 
 
-class FeedForward3(Block):
+class FeedForward3(sam_parts.FeedForward3):
     """Three linear layers with ReLU between them (hypernetworks, IoU and object-score heads)."""
 
-    In: Dim
-    Hidden: Dim
-    Out: Dim
-    T: Float
 
-    proj_in: Linear["In, Hidden, T"]
-    hidden: Linear["Hidden, Hidden, T"]
-    proj_out: Linear["Hidden, Out, T"]
-
-    def forward(self, x: "Tensor[*S, In; T]") -> "Tensor[*S, Out; T]":
-        return self.proj_out(ops.relu(self.hidden(ops.relu(self.proj_in(x)))))
-
-
-class Deconv2x2(Block):
+class Deconv2x2(sam_parts.Deconv2x2):
     """A stride-2 transposed 2 x 2 convolution: each pixel becomes a 2 x 2 block."""
-
-    Cin: Dim
-    Cout: Dim
-    T: Float
-    where = "Cin > 0, Cout > 0"
-
-    weight: Param["Cin, Cout, 2, 2; T"]
-    bias: Param["Cout; T"]
-
-    def forward(self, x: "Tensor[B, Cin, H, W; T]") -> "Tensor[B, Cout, 2 * H, 2 * W; T]":
-        return ops.conv_transpose2x2(x, self.weight, self.bias)
 
 
 # ------------------------------------------------------------------------------------------ Hiera
