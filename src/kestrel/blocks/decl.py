@@ -20,7 +20,7 @@ from ..shapes.parse import DimParseError, Parser, parse_facts
 from ..shapes.poly import ONE, AtomOrder, Poly
 from ..types.dtypes import DTYPES, KINDS, DType, DTypeKind, DTypeVar
 from ..types.tensor import Scope, TensorType, Type, TypeParser, parse_param, parse_type
-from .spec import ArraySpec, Dim, ParamSpec, Shape, SubSpec
+from .spec import ArraySpec, Dim, LayoutSpec, ParamSpec, Shape, SubSpec, group_runs
 
 
 class DeclarationError(KestrelError):
@@ -194,7 +194,7 @@ def read_block(cls: type, module: str) -> BlockDecl:
     member_line: dict[str, int | None] = {}
     for base in bases:
         lines = _member_lines_of(base) if (inspect.getsourcefile(base) or "<unknown>") == file else {}
-        for name, ann in _class_annotations(base).items():
+        for name, ann in class_annotations(base).items():
             annotations[name] = ann
             member_line[name] = lines.get(name)
         if "where" in base.__dict__:
@@ -223,6 +223,8 @@ def read_block(cls: type, module: str) -> BlockDecl:
             elif isinstance(ann, ArraySpec):
                 count = _parse_dim_in(ann.count, scope, decl.order)
                 decl.members.append(_read_sub(name, ann.sub, count, decl, line))
+            elif isinstance(ann, LayoutSpec):
+                decl.members.extend(_read_layout(name, ann, _class_value(bases, "layout"), decl, line))
         except DimParseError as e:
             raise DeclarationError(f"in {decl.qualname}.{name}: {e}", file, line) from None
 
@@ -239,6 +241,29 @@ def read_block(cls: type, module: str) -> BlockDecl:
         except DimParseError as e:
             raise DeclarationError(f"in {decl.qualname} where clause: {e}", file, member_line.get("where")) from None
     return decl
+
+
+def _read_layout(name: str, spec: LayoutSpec, layout: Any, decl: BlockDecl, line: int | None) -> list[SubDecl]:
+    """The subs a ``Layers`` / ``Runs`` member stands for under the block's ``layout`` data."""
+    kinds = layout.get(name) if isinstance(layout, dict) else None
+    known = ", ".join(k for k, _ in spec.kinds)
+    if kinds is None:
+        raise DeclarationError(f"{decl.qualname}.{name}: the block's `layout` has no entry {name!r} "
+                               f"(a kind, or a tuple of kinds, of {known})", decl.file, line)
+    single = isinstance(kinds, str)
+    listed = (kinds,) if single else tuple(kinds)
+    for k in listed:
+        if spec.kind(k) is None:
+            raise DeclarationError(f"{decl.qualname}.{name}: layout kind {k!r} is not one of {known}", decl.file, line)
+    if single and not spec.runs:
+        return [_read_sub(name, spec.kind(kinds), None, decl, line)]  # type: ignore[arg-type]
+    if single:
+        raise DeclarationError(f"{decl.qualname}.{name}: a Runs layout is a tuple of kinds, given {kinds!r}",
+                               decl.file, line)
+    if not spec.runs:
+        return [_read_sub(f"{name}_{i}", spec.kind(k), None, decl, line) for i, k in enumerate(listed)]  # type: ignore[arg-type]
+    return [_read_sub(f"{name}_{i}", spec.kind(k), Poly.const(n), decl, line)  # type: ignore[arg-type]
+            for i, (k, n) in enumerate(group_runs(listed))]
 
 
 def block_bases(cls: type) -> list[type]:
@@ -283,7 +308,7 @@ def _member_lines_of(cls: type) -> dict[str, int]:
     return _member_lines(lines, first)
 
 
-def _class_annotations(cls: type) -> dict[str, Any]:
+def class_annotations(cls: type) -> dict[str, Any]:
     """The class body's annotations as objects, also under ``from __future__ import annotations``."""
     raw = dict(cls.__dict__.get("__annotations__", {}))
     if not any(isinstance(a, str) for a in raw.values()):
