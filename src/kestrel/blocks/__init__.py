@@ -7,6 +7,6 @@ from .spec import Array, Dim, Layers, Param, Runs, Shape, each, entry, optional,
 
 __all__ = [
     "AnyDType", "Array", "BindError", "Block", "BlockDecl", "Bool", "DeclarationError", "Dim", "EntryError",
-    "Float", "FnDecl", "GenericDecl", "Int", "Layers", "Param", "ParamDecl", "Runs", "Shape", "SubDecl", "bf16", "bool_",
-    "each", "entry", "f16", "f32", "f64", "i32", "i64", "optional", "parameter_manifest", "runs", "variant",
+    "Float", "FnDecl", "GenericDecl", "Int", "Layers", "Param", "ParamDecl", "Runs", "Shape", "SubDecl", "bf16",
+    "bool_", "each", "entry", "f16", "f32", "f64", "i32", "i64", "optional", "parameter_manifest", "runs", "variant",
 ]

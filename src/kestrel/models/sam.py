@@ -10,6 +10,7 @@ four masks (the single-mask one first, then the three multimask ones) with their
 """
 
 import math
+from typing import Any, ClassVar
 
 from ..blocks import Block, Dim, Float, Layers, Param, each, entry, f32, variant
 from ..std import ops
@@ -171,7 +172,7 @@ class VisionEncoder(Block):
     Hd: Dim
     T: Float
     where = "Heads > 0, D % Heads == 0, D > 0, Hd > 0"
-    layout = {"layer": ("windowed", "windowed", "global") * 4}  # ViT-B's, the seed's
+    layout: ClassVar[dict[str, Any]] = {"layer": ("windowed", "windowed", "global") * 4}  # ViT-B's, the seed's
 
     patch_embed: Conv2d["3, D, 16, 16, 0, T"]
     pos_embed: Param["1, 64, 64, D; T"]
