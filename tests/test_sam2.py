@@ -173,7 +173,7 @@ def test_card_lays_out_every_family_size(size):
     bb = card.config["vision_config"]["backbone_config"]
     assert {k: bb[k] for k in FAMILY_BACKBONES[size]} == FAMILY_BACKBONES[size]
     lay = layout(card.config)
-    kinds = [lay["stage_0"]] + [(lay[f"pool_{s}"], *lay[f"stage_{s}"]) for s in (1, 2, 3)]
+    kinds = [lay["stage_0"]] + [("windowed", *lay[f"stage_{s}"]) for s in (1, 2, 3)]  # pool_s first
     assert [len(k) for k in kinds] == bb["blocks_per_stage"]
     flat = [k for stage in kinds for k in stage]
     assert [i for i, k in enumerate(flat) if k == "global"] == bb["global_attention_blocks"]
@@ -190,6 +190,7 @@ def sam2_generics(cfg):
 @pytest.mark.parametrize("change, field", [
     ({"global_attention_blocks": [1, 7, 12]}, "global_attention_blocks"),
     ({"blocks_per_stage": [1, 2, 7]}, "four Hiera stages"),
+    ({"global_attention_blocks": [3, 7, 9]}, "pooling block"),
     ({"query_stride": [3, 3]}, "query_stride"),
     ({"window_size_per_stage": [8, 5, 14, 7]}, "even windows"),
 ])
@@ -237,6 +238,23 @@ def test_family_layouts_match_reference(tmp_path, size):
     check_encoder(ref, ours, 128, figures, sensitive=False)
 
 
+@pytest.mark.parametrize("blocks, globals_", [
+    pytest.param([1, 2, 7, 2], [0, 2], id="global-in-stages-0-and-1"),
+    pytest.param([2, 1, 3, 2], [], id="no-global-layer"),
+    pytest.param([1, 2, 3, 3], [7, 8], id="global-in-stage-3"),
+])
+def test_layouts_beyond_the_released_match_reference(tmp_path, blocks, globals_):
+    """Layouts transformers accepts that no release uses: the program follows the config's data."""
+    ref = seeded_sam2(small_config(128, blocks_per_stage=blocks, global_attention_blocks=globals_))
+    ref.save_pretrained(tmp_path)
+    ours = kestrel.load(tmp_path)
+    kinds = [ours.backbone.layout["stage_0"]] + [("windowed", *ours.backbone.layout[f"stage_{s}"]) for s in (1, 2, 3)]
+    assert [i for i, k in enumerate(k for stage in kinds for k in stage) if k == "global"] == globals_
+    report = check_program(type(ours))
+    assert report.ok, "\n".join(map(str, report.diagnostics))
+    check_encoder(ref, ours, 128, {}, sensitive=False)
+
+
 def test_entries_check_their_inputs(small):
     _, path = small
     ours = kestrel.load(path, E=32)
@@ -265,6 +283,21 @@ def test_sam2_hiera_tiny_real_config(tmp_path, image):
     enc = check_encoder(ref, ours, image, figures)
     check_decoders(ref, ours, enc, image / 1024, figures)
     print(image, figures)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", sorted(FAMILY_BACKBONES))
+def test_sam2_family_real_config(tmp_path, size):
+    """Each released size at its real widths and layout, 1024 px: encoder and decoders against upstream."""
+    card = CARDS[f"sam2.1-hiera-{size}"]
+    ref = seeded_sam2({k: v for k, v in card.config.items() if k != "model_type"})
+    ref.save_pretrained(tmp_path)
+    ours = kestrel.load(tmp_path)
+    assert type(ours) is card.family.root(card.config)
+    figures: dict[str, float] = {}
+    enc = check_encoder(ref, ours, 1024, figures)
+    check_decoders(ref, ours, enc, 1.0, figures)
+    print(size, figures)
 
 
 # ------------------------------------------------------------------------------- prompt composition

@@ -20,7 +20,7 @@ windows. The layer counts are the layout's (:func:`model_for`).
 import math
 from typing import Any, ClassVar
 
-from ..blocks import Array, Block, Dim, Float, Layers, Param, Runs, entry, f32, runs, variant
+from ..blocks import Array, Block, Dim, Float, Param, Runs, entry, f32, runs, variant
 from ..std import ops
 from ..std.nn import Conv2d, Linear, transformer
 from . import sam_parts
@@ -205,10 +205,10 @@ def _through(block, name, x):
 class Hiera(Block):
     """The backbone: patch embedding, positions, four stages; returns every stage's output.
 
-    Which layers attend in windows and which globally is the checkpoint's data (``layout``): stage
-    ``s`` is ``pool_s`` (stages 1-3: the layer that halves the map, in the previous stage's windows
-    or over the whole map), then runs of windowed or global layers, ``stage_s_0``, ``stage_s_1``, ...
-    A global layer is a windowed one whose window is the whole map.
+    Which layers attend in windows and which globally is the checkpoint's data (``layout``): stages
+    1-3 open with ``pool_s`` (the layer that halves the map, in the previous stage's windows), then
+    each stage is runs of windowed or global layers, ``stage_s_0``, ``stage_s_1``, ... A global
+    layer is a windowed one whose window is the whole map.
     """
 
     E: Dim
@@ -241,9 +241,9 @@ class Hiera(Block):
              "E / 2 + Pad2 / 2 >= Win2 / 2")
     layout: ClassVar[dict[str, Any]] = {  # Hiera-tiny's: blocks per stage 1, 2, 7, 2; global blocks 5, 7, 9
         "stage_0": ("windowed",),
-        "pool_1": "windowed", "stage_1": ("windowed",),
-        "pool_2": "windowed", "stage_2": ("windowed", "global") * 3,
-        "pool_3": "windowed", "stage_3": ("windowed",),
+        "stage_1": ("windowed",),
+        "stage_2": ("windowed", "global") * 3,
+        "stage_3": ("windowed",),
     }
 
     patch_embed: Conv2d["3, D0, 7, 4, 3, T"]
@@ -251,16 +251,13 @@ class Hiera(Block):
     pos_embed_window: Param["1, D0, Win0, Win0; T"]
     stage_0: Runs[{"windowed": HieraLayer["D0, Heads0, Win0, 4 * E, Pad0, T"],
                    "global": HieraLayer["D0, Heads0, 4 * E, 4 * E, 0, T"]}]
-    pool_1: Layers[{"windowed": HieraPoolLayer["D0, D1, Heads1, Win0 / 2, 2 * E, Pad0 / 2, T"],
-                    "global": HieraPoolLayer["D0, D1, Heads1, 2 * E, 2 * E, 0, T"]}]
+    pool_1: HieraPoolLayer["D0, D1, Heads1, Win0 / 2, 2 * E, Pad0 / 2, T"]
     stage_1: Runs[{"windowed": HieraLayer["D1, Heads1, Win1, 2 * E, Pad1, T"],
                    "global": HieraLayer["D1, Heads1, 2 * E, 2 * E, 0, T"]}]
-    pool_2: Layers[{"windowed": HieraPoolLayer["D1, D2, Heads2, Win1 / 2, E, Pad1 / 2, T"],
-                    "global": HieraPoolLayer["D1, D2, Heads2, E, E, 0, T"]}]
+    pool_2: HieraPoolLayer["D1, D2, Heads2, Win1 / 2, E, Pad1 / 2, T"]
     stage_2: Runs[{"windowed": HieraLayer["D2, Heads2, Win2, E, Pad2, T"],
                    "global": HieraLayer["D2, Heads2, E, E, 0, T"]}]
-    pool_3: Layers[{"windowed": HieraPoolLayer["D2, D3, Heads3, Win2 / 2, E / 2, Pad2 / 2, T"],
-                    "global": HieraPoolLayer["D2, D3, Heads3, E / 2, E / 2, 0, T"]}]
+    pool_3: HieraPoolLayer["D2, D3, Heads3, Win2 / 2, E / 2, Pad2 / 2, T"]
     stage_3: Runs[{"windowed": HieraLayer["D3, Heads3, Win3, E / 2, Pad3, T"],
                    "global": HieraLayer["D3, Heads3, E / 2, E / 2, 0, T"]}]
 
@@ -646,7 +643,7 @@ class Model(Block):
 def hiera_layout(blocks_per_stage: list[int] | tuple[int, ...], global_blocks: list[int] | tuple[int, ...],
                  ) -> dict[str, Any]:
     """Hiera's ``layout`` from the config's ``blocks_per_stage`` and ``global_attention_blocks``: the
-    kind of every block, the first of stages 1-3 as that stage's pooling layer."""
+    kind of every block after the pooling layer that opens stages 1-3."""
     depths = [int(d) for d in blocks_per_stage]
     if len(depths) != 4 or min(depths) < 1:
         raise ValueError(f"SAM 2 needs four Hiera stages of at least one block, blocks_per_stage={depths}")
@@ -654,13 +651,15 @@ def hiera_layout(blocks_per_stage: list[int] | tuple[int, ...], global_blocks: l
     if any(not 0 <= g < sum(depths) for g in glob):
         raise ValueError(f"SAM 2 global_attention_blocks={sorted(glob)} names blocks outside the "
                          f"{sum(depths)} of blocks_per_stage={depths}")
+    pools = {sum(depths[:s]) for s in (1, 2, 3)}
+    if glob & pools:
+        raise ValueError(f"SAM 2 global_attention_blocks={sorted(glob)} makes pooling block(s) "
+                         f"{sorted(glob & pools)} global (the first block of stages 1-3), which upstream cannot run")
     kinds = ["global" if i in glob else "windowed" for i in range(sum(depths))]
     out: dict[str, Any] = {}
     for s, n in enumerate(depths):
         stage, kinds = kinds[:n], kinds[n:]
-        if s:
-            out[f"pool_{s}"], stage = stage[0], stage[1:]
-        out[f"stage_{s}"] = tuple(stage)
+        out[f"stage_{s}"] = tuple(stage[1:] if s else stage)
     return out
 
 

@@ -129,7 +129,7 @@ def _block_paths(cfg: dict) -> list[str]:
     """The program path of every upstream Hiera block, in upstream order: ``pool_s`` for the first
     block of stages 1-3, then ``stage_s_k.j``, the j-th layer of the stage's k-th run."""
     paths = []
-    for s, (name, kinds) in enumerate((n, k) for n, k in layout(cfg).items() if n.startswith("stage_")):
+    for s, (name, kinds) in enumerate(layout(cfg).items()):
         if s:
             paths.append(f"backbone.pool_{s}")
         for k, (_, n) in enumerate(group_runs(kinds)):
