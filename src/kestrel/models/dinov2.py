@@ -30,17 +30,24 @@ class Attention(transformer.SelfAttention):
     pass
 
 
-class EncoderLayer(Block):
+class _ScaledLayer(Block, abstract=True):
+    """What both DINOv2 layers share: the attention branch with its LayerScale, and the MLP's norm;
+    each layer adds its MLP width, its MLP, the second LayerScale and ``T``."""
+
     D: Dim
     Heads: Dim
-    Inner: Dim
-    T: Float
     where = "Heads > 0, D % Heads == 0"
 
     norm1: LayerNorm["D, T"]
     attention: Attention["D, Heads, T"]
     layer_scale1: LayerScale["D, T"]
     norm2: LayerNorm["D, T"]
+
+
+class EncoderLayer(_ScaledLayer):
+    Inner: Dim
+    T: Float
+
     up: Linear["D, Inner, T"]
     down: Linear["Inner, D, T"]
     layer_scale2: LayerScale["D, T"]
@@ -114,17 +121,10 @@ class SwiGluMlp(Block, module="dinov2.swiglu"):
         return self.weights_out(ops.silu(gate) * up)
 
 
-class SwiGluEncoderLayer(Block, module="dinov2.swiglu"):
-    D: Dim
-    Heads: Dim
+class SwiGluEncoderLayer(_ScaledLayer, module="dinov2.swiglu"):
     Hidden: Dim
     T: Float
-    where = "Heads > 0, D % Heads == 0"
 
-    norm1: LayerNorm["D, T"]
-    attention: Attention["D, Heads, T"]
-    layer_scale1: LayerScale["D, T"]
-    norm2: LayerNorm["D, T"]
     mlp: SwiGluMlp["D, Hidden, T"]
     layer_scale2: LayerScale["D, T"]
 

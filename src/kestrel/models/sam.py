@@ -126,19 +126,10 @@ class VisionLayerWindowed(Block):
         return x + self.mlp(self.layer_norm2(x))
 
 
-class VisionLayerGlobal(Block):
+class VisionLayerGlobal(VisionLayerWindowed):
     """A pre-norm layer whose attention spans the whole 64 x 64 grid."""
 
-    D: Dim
-    Heads: Dim
-    Inner: Dim
-    T: Float
-    where = "Heads > 0, D % Heads == 0"
-
-    layer_norm1: LayerNorm["D, T"]
     attn: VisionAttention["D, Heads, 64, T"]
-    layer_norm2: LayerNorm["D, T"]
-    mlp: GeluMlp["D, Inner, T"]
 
     def forward(self, x: "Tensor[B, 64, 64, D; T]") -> "Tensor[B, 64, 64, D; T]":
         x = x + self.attn(self.layer_norm1(x))

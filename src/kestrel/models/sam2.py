@@ -202,14 +202,10 @@ def _through(block, name, x):
     return x
 
 
-class Hiera(Block):
-    """The backbone: patch embedding, positions, four stages; returns every stage's output.
-
-    Which layers attend in windows and which globally is the checkpoint's data (``layout``): stages
-    1-3 open with ``pool_s`` (the layer that halves the map, in the previous stage's windows), then
-    each stage is runs of windowed or global layers, ``stage_s_0``, ``stage_s_1``, ... A global
-    layer is a windowed one whose window is the whole map.
-    """
+class HieraSizes(Block, abstract=True):
+    """Hiera's sizes, declared once for the backbone and the model that binds it: ``E`` the image
+    embedding's side, ``Bg`` the background position table's, per stage the width, heads, window
+    and how far the stage's map is padded to whole windows."""
 
     E: Dim
     Bg: Dim
@@ -229,7 +225,6 @@ class Hiera(Block):
     Pad1: Dim
     Pad2: Dim
     Pad3: Dim
-    T: Float
     where = ("E % 2 == 0, E > 0, Bg > 0, Heads0 > 0, Heads1 > 0, Heads2 > 0, Heads3 > 0, D0 % Heads0 == 0, "
              "D1 % Heads1 == 0, D2 % Heads2 == 0, D3 % Heads3 == 0, Win0 > 1, Win1 > 1, Win2 > 1, Win3 > 0, "
              "Win0 % 2 == 0, Win1 % 2 == 0, Win2 % 2 == 0, Pad0 % 2 == 0, Pad1 % 2 == 0, Pad2 % 2 == 0, "
@@ -239,6 +234,18 @@ class Hiera(Block):
              "E >= 2, D0 > 0, D1 > 0, D2 > 0, D3 > 0, 4 * E + Pad0 >= Win0, 2 * E + Pad1 >= Win1, "
              "E + Pad2 >= Win2, E / 2 + Pad3 >= Win3, 2 * E + Pad0 / 2 >= Win0 / 2, E + Pad1 / 2 >= Win1 / 2, "
              "E / 2 + Pad2 / 2 >= Win2 / 2")
+
+
+class Hiera(HieraSizes):
+    """The backbone: patch embedding, positions, four stages; returns every stage's output.
+
+    Which layers attend in windows and which globally is the checkpoint's data (``layout``): stages
+    1-3 open with ``pool_s`` (the layer that halves the map, in the previous stage's windows), then
+    each stage is runs of windowed or global layers, ``stage_s_0``, ``stage_s_1``, ... A global
+    layer is a windowed one whose window is the whole map.
+    """
+
+    T: Float
     layout: ClassVar[dict[str, Any]] = {  # Hiera-tiny's: blocks per stage 1, 2, 7, 2; global blocks 5, 7, 9
         "stage_0": ("windowed",),
         "stage_1": ("windowed",),
@@ -497,37 +504,18 @@ class MaskDecoder(Block):
 # ------------------------------------------------------------------------------------------ model
 
 
-class Model(Block):
+class Model(HieraSizes):
     """SAM 2.1's image path: ``encode_image`` once per image, then a decode per prompt.
 
     Points and boxes are in pixels of the ``16 E x 16 E`` model input. Point labels: 1 foreground,
     0 background, 2 and 3 box corners, -1 not a point, -10 padding (ignored).
     """
 
-    E: Dim
-    Bg: Dim
-    D0: Dim
-    D1: Dim
-    D2: Dim
-    D3: Dim
-    Heads0: Dim
-    Heads1: Dim
-    Heads2: Dim
-    Heads3: Dim
-    Win0: Dim
-    Win1: Dim
-    Win2: Dim
-    Win3: Dim
-    Pad0: Dim
-    Pad1: Dim
-    Pad2: Dim
-    Pad3: Dim
     Hd: Dim
     MaskHeads: Dim
     MaskInner: Dim
     T: Float = f32
-    where = Hiera.where + (", MaskHeads > 0, Hd % MaskHeads == 0, (Hd / 2) % MaskHeads == 0, Hd % 8 == 0, "
-                           "Hd % 2 == 0, Hd >= 8")
+    where = "MaskHeads > 0, Hd % MaskHeads == 0, (Hd / 2) % MaskHeads == 0, Hd % 8 == 0, Hd % 2 == 0, Hd >= 8"
     imports = ("std.nn.conv", "std.nn.linear")
 
     backbone: Hiera["E, Bg, D0, D1, D2, D3, Heads0, Heads1, Heads2, Heads3, Win0, Win1, Win2, Win3, "
