@@ -18,7 +18,7 @@ from kestrel.blocks import EntryError
 from kestrel.checker.check import check_program
 from kestrel.models import sam2
 from kestrel.models.cards import CARDS, CardError
-from kestrel.models.cards.sam2 import FAMILY_BACKBONES
+from kestrel.models.cards.sam2 import FAMILY_BACKBONES, layout
 from reference import at_size, rel_diff, seeded_sam2, small_config
 
 TOL = 1e-4
@@ -115,22 +115,27 @@ def test_program_checks_clean():
 def test_card_binds_tiny_at_both_sizes():
     card = CARDS["sam2.1-hiera-tiny"]
     g = card.generics()
-    assert (g["E"], g["D0"], g["D3"], g["Win2"], g["Pad2"], g["Pad3"], g["L0"], g["L1"], g["L3"]) == (
-        64, 96, 768, 14, 6, 3, 1, 1, 1)
-    assert [g[f"R{k}"] for k in range(4)] == [1, 1, 1, 0]
+    assert (g["E"], g["D0"], g["D3"], g["Win2"], g["Pad2"], g["Pad3"]) == (64, 96, 768, 14, 6, 3)
+    assert not {"L0", "L1", "L3", "R0"} & set(g)  # layer counts are the layout's, not generics
+    assert card.family.root(card.config) is sam2.Model  # tiny's layout is the declared one
     g512 = card.family.rebind(card.config, {"E": 32})
     assert (g512["E"], g512["Pad2"], g512["Pad3"]) == (32, 10, 5)
 
 
 @pytest.mark.parametrize("size", sorted(FAMILY_BACKBONES))
 def test_card_lays_out_every_family_size(size):
-    cfg = copy.deepcopy(CARDS["sam2.1-hiera-tiny"].config)
-    cfg["vision_config"]["backbone_config"].update(FAMILY_BACKBONES[size])
-    cfg["vision_config"]["backbone_channel_list"] = list(reversed(
-        cfg["vision_config"]["backbone_config"]["embed_dim_per_stage"]))
-    g = sam2_generics(cfg)
-    depth = sum(cfg["vision_config"]["backbone_config"]["blocks_per_stage"])
-    assert g["L0"] + 1 + g["L1"] + 1 + sum(g[f"R{k}"] for k in range(4)) + 3 + 1 + g["L3"] == depth
+    card = CARDS[f"sam2.1-hiera-{size}"]
+    bb = card.config["vision_config"]["backbone_config"]
+    assert {k: bb[k] for k in FAMILY_BACKBONES[size]} == FAMILY_BACKBONES[size]
+    lay = layout(card.config)
+    kinds = [lay["stage_0"]] + [("windowed", *lay[f"stage_{s}"]) for s in (1, 2, 3)]  # pool_s first
+    assert [len(k) for k in kinds] == bb["blocks_per_stage"]
+    flat = [k for stage in kinds for k in stage]
+    assert [i for i, k in enumerate(flat) if k == "global"] == bb["global_attention_blocks"]
+    root = card.family.root(card.config)
+    assert root is sam2.model_for(lay) and root.decl().qualname == "sam2::Model"
+    report = check_program(root)
+    assert report.ok, "\n".join(map(str, report.diagnostics))
 
 
 def sam2_generics(cfg):
@@ -138,7 +143,9 @@ def sam2_generics(cfg):
 
 
 @pytest.mark.parametrize("change, field", [
-    ({"global_attention_blocks": [1, 7, 9]}, "global_attention_blocks"),
+    ({"global_attention_blocks": [1, 7, 12]}, "global_attention_blocks"),
+    ({"blocks_per_stage": [1, 2, 7]}, "four Hiera stages"),
+    ({"global_attention_blocks": [3, 7, 9]}, "pooling block"),
     ({"query_stride": [3, 3]}, "query_stride"),
     ({"window_size_per_stage": [8, 5, 14, 7]}, "even windows"),
 ])
@@ -183,6 +190,23 @@ def test_family_layouts_match_reference(tmp_path, size):
     check_encoder(ref, ours, 128, figures, sensitive=False)
 
 
+@pytest.mark.parametrize("blocks, globals_", [
+    pytest.param([1, 2, 7, 2], [0, 2], id="global-in-stages-0-and-1"),
+    pytest.param([2, 1, 3, 2], [], id="no-global-layer"),
+    pytest.param([1, 2, 3, 3], [7, 8], id="global-in-stage-3"),
+])
+def test_layouts_beyond_the_released_match_reference(tmp_path, blocks, globals_):
+    """Layouts transformers accepts that no release uses: the program follows the config's data."""
+    ref = seeded_sam2(small_config(128, blocks_per_stage=blocks, global_attention_blocks=globals_))
+    ref.save_pretrained(tmp_path)
+    ours = kestrel.load(tmp_path)
+    kinds = [ours.backbone.layout["stage_0"]] + [("windowed", *ours.backbone.layout[f"stage_{s}"]) for s in (1, 2, 3)]
+    assert [i for i, k in enumerate(k for stage in kinds for k in stage) if k == "global"] == globals_
+    report = check_program(type(ours))
+    assert report.ok, "\n".join(map(str, report.diagnostics))
+    check_encoder(ref, ours, 128, {}, sensitive=False)
+
+
 def test_entries_check_their_inputs(small):
     _, path = small
     ours = kestrel.load(path, E=32)
@@ -211,6 +235,21 @@ def test_sam2_hiera_tiny_real_config(tmp_path, image):
     enc = check_encoder(ref, ours, image, figures)
     check_decoders(ref, ours, enc, image / 1024, figures)
     print(image, figures)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", sorted(FAMILY_BACKBONES))
+def test_sam2_family_real_config(tmp_path, size):
+    """Each released size at its real widths and layout, 1024 px: encoder and decoders against upstream."""
+    card = CARDS[f"sam2.1-hiera-{size}"]
+    ref = seeded_sam2({k: v for k, v in card.config.items() if k != "model_type"})
+    ref.save_pretrained(tmp_path)
+    ours = kestrel.load(tmp_path)
+    assert type(ours) is card.family.root(card.config)
+    figures: dict[str, float] = {}
+    enc = check_encoder(ref, ours, 1024, figures)
+    check_decoders(ref, ours, enc, 1.0, figures)
+    print(size, figures)
 
 
 # ------------------------------------------------------------------------------- prompt composition
@@ -368,4 +407,4 @@ def test_a_video_model_config_binds_the_image_path():
     assert family.generics(cfg) == {k: v for k, v in CARDS["sam2.1-hiera-tiny"].generics().items() if k != "T"}
     rows = bindings(cfg)
     assert rows("memory_attention.layers.0.self_attn.q_proj.weight") is None
-    assert rows("vision_encoder.backbone.blocks.11.attn.qkv.weight") == "backbone.stage_3.layers.0.attn.qkv.weight"
+    assert rows("vision_encoder.backbone.blocks.11.attn.qkv.weight") == "backbone.stage_3_0.0.attn.qkv.weight"

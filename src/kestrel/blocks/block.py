@@ -20,8 +20,8 @@ from ..shapes.poly import Poly, evaluate, format_poly, substitute
 from ..types.dtypes import DType, DTypeVar, dtype_named, from_torch
 from ..types.tensor import TensorType, TupleType
 from ..types.unify import Binding, match
-from .decl import BlockDecl, FnDecl, ParamDecl, SubDecl, read_block
-from .spec import SubSpec
+from .decl import BlockDecl, FnDecl, ParamDecl, SubDecl, block_bases, class_annotations, read_block
+from .spec import ArraySpec, SubSpec
 
 Generics = dict[str, "int | DType"]
 
@@ -49,11 +49,15 @@ class Block(nn.Module):
     _kestrel_module: ClassVar[str]
     _kestrel_decl: ClassVar[BlockDecl | None]
 
-    def __init_subclass__(cls, module: str | None = None, **kwargs: Any) -> None:
+    def __init_subclass__(cls, module: str | None = None, abstract: bool = False, **kwargs: Any) -> None:
+        """``module=`` names the kestrel module the block prints under (default: its Python module's
+        last name); ``abstract=True`` marks a base that only other blocks inherit from: it is not
+        listed in its module (it may leave generics to its subclasses)."""
         super().__init_subclass__(**kwargs)
         cls._kestrel_module = module or cls.__module__.rsplit(".", 1)[-1]
         cls._kestrel_decl = None
-        REGISTRY.setdefault(cls._kestrel_module, []).append(cls)
+        if not abstract:
+            REGISTRY.setdefault(cls._kestrel_module, []).append(cls)
         for name, fn in list(cls.__dict__.items()):
             if getattr(fn, "__kestrel_entry__", False):
                 setattr(cls, name, _checked_entry(fn))
@@ -114,6 +118,60 @@ class Block(nn.Module):
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.generics.items())
+
+
+# ------------------------------------------------------------------------------------ variants
+
+_VARIANTS: dict[tuple, type[Block]] = {}
+
+
+def variant(cls: type[Block], layout: dict[str, Any] | None = None,
+            subs: dict[str, type[Block]] | None = None) -> type[Block]:
+    """``cls`` laid out otherwise: a subclass whose ``layout`` entries (see ``Layers`` / ``Runs``) and
+    named subs are replaced, each sub by another block (a variant of its own) with the same generic
+    arguments. It prints as ``cls`` (same module and name) and stands in its place in its program's
+    listing; asking twice for the same variant gives the same class."""
+    layout = {k: (v if isinstance(v, str) else tuple(v)) for k, v in (layout or {}).items()}
+    subs = dict(subs or {})
+    current = getattr(cls, "layout", None) or {}
+    layout = {k: v for k, v in layout.items() if current.get(k) != v}
+    anns: dict[str, Any] = {}
+    for base in block_bases(cls):
+        anns.update(class_annotations(base))
+    subs = {k: v for k, v in subs.items() if _sub_block(anns.get(k)) is not v}
+    if not layout and not subs:
+        return cls
+    key = (cls, tuple(sorted(layout.items())), tuple(sorted(subs.items(), key=lambda kv: kv[0])))
+    if key in _VARIANTS:
+        return _VARIANTS[key]
+    own: dict[str, Any] = {}
+    for name, block in subs.items():
+        spec = anns.get(name)
+        if isinstance(spec, SubSpec):
+            own[name] = SubSpec(block, spec.args)
+        elif isinstance(spec, ArraySpec):
+            own[name] = ArraySpec(SubSpec(block, spec.sub.args), spec.count)
+        else:
+            raise BindError(f"{cls.decl().qualname} has no sub {name!r} to lay out otherwise")
+
+    class Laid(cls, module=cls._kestrel_module, abstract=True):  # type: ignore[valid-type, misc]
+        pass
+
+    Laid.__name__, Laid.__qualname__, Laid.__module__, Laid.__doc__ = (
+        cls.__name__, cls.__qualname__, cls.__module__, cls.__doc__)
+    Laid.__annotations__ = own
+    if layout:
+        Laid.layout = {**current, **layout}  # type: ignore[attr-defined]
+    _VARIANTS[key] = Laid
+    return Laid
+
+
+def _sub_block(spec: Any) -> type | None:
+    if isinstance(spec, SubSpec):
+        return spec.block
+    if isinstance(spec, ArraySpec):
+        return spec.sub.block
+    return None
 
 
 # ------------------------------------------------------------------------------------ binding

@@ -20,7 +20,7 @@ from ..shapes.parse import DimParseError, Parser, parse_facts
 from ..shapes.poly import ONE, AtomOrder, Poly
 from ..types.dtypes import DTYPES, KINDS, DType, DTypeKind, DTypeVar
 from ..types.tensor import Scope, TensorType, Type, TypeParser, parse_param, parse_type
-from .spec import ArraySpec, Dim, ParamSpec, Shape, SubSpec
+from .spec import ArraySpec, Dim, LayoutSpec, ParamSpec, Shape, SubSpec, group_runs
 
 
 class DeclarationError(KestrelError):
@@ -181,18 +181,29 @@ class BlockDecl:
 
 
 def read_block(cls: type, module: str) -> BlockDecl:
+    """Read ``cls`` and the blocks it inherits from: annotations, functions, ``where`` and settings merge
+    along the method resolution order (a base's declarations first, in their order; a subclass that
+    declares a name again replaces it in place, and its ``where`` facts add to its bases')."""
     file = inspect.getsourcefile(cls) or "<unknown>"
     try:
-        lines, first = inspect.getsourcelines(cls)
+        _, first = inspect.getsourcelines(cls)
     except (OSError, TypeError):
-        lines, first = [], 0
-    member_line = _member_lines(lines, first)
-    annotations = _class_annotations(cls)
+        first = 0
+    bases = block_bases(cls)
+    annotations: dict[str, Any] = {}
+    member_line: dict[str, int | None] = {}
+    for base in bases:
+        lines = _member_lines_of(base) if (inspect.getsourcefile(base) or "<unknown>") == file else {}
+        for name, ann in class_annotations(base).items():
+            annotations[name] = ann
+            member_line[name] = lines.get(name)
+        if "where" in base.__dict__:
+            member_line["where"] = lines.get("where")
 
     generics: list[GenericDecl] = []
     for name, ann in annotations.items():
         if ann is Dim or ann is Shape or isinstance(ann, DTypeKind):
-            default = cls.__dict__.get(name)
+            default = _class_value(bases, name)
             if default is not None and not isinstance(default, DType):
                 raise DeclarationError(f"default of generic {name} must be a dtype", file, member_line.get(name))
             if default is not None and not isinstance(ann, DTypeKind):
@@ -204,7 +215,7 @@ def read_block(cls: type, module: str) -> BlockDecl:
             generics.append(GenericDecl(name, ann, default))
 
     decl = BlockDecl(cls.__name__, module, cls, generics, file=file, line=first)
-    decl.settings = {n: cls.__dict__.get(n) for n, a in annotations.items() if a in (float, int, str, bool)}
+    decl.settings = {n: _class_value(bases, n) for n, a in annotations.items() if a in (float, int, str, bool)}
     scope = decl.scope()
 
     for name, ann in annotations.items():
@@ -218,16 +229,17 @@ def read_block(cls: type, module: str) -> BlockDecl:
             elif isinstance(ann, ArraySpec):
                 count = _parse_dim_in(ann.count, scope, decl.order)
                 decl.members.append(_read_sub(name, ann.sub, count, decl, line))
+            elif isinstance(ann, LayoutSpec):
+                decl.members.extend(_read_layout(name, ann, _class_value(bases, "layout"), decl, line))
         except DimParseError as e:
             raise DeclarationError(f"in {decl.qualname}.{name}: {e}", file, line) from None
 
-    for pyname, fn in cls.__dict__.items():
-        if inspect.isfunction(fn) and not pyname.startswith("__") and fn.__annotations__:
-            decl.functions.append(_read_function(pyname, fn, decl))
+    for pyname, fn in _typed_functions(cls, bases).items():
+        decl.functions.append(_read_function(pyname, fn, decl))
 
     # read after the functions: a fact may name a function's own dims (``H + 2 * Pad >= K``), and is
     # then a precondition of each function that has them, proved by every caller
-    where_text = cls.__dict__.get("where", "")
+    where_text = ", ".join(t for t in (b.__dict__.get("where", "") for b in bases) if t)
     if where_text:
         fn_dims = {n for f in decl.functions for n in f.free_dims}
         try:
@@ -237,7 +249,72 @@ def read_block(cls: type, module: str) -> BlockDecl:
     return decl
 
 
-def _class_annotations(cls: type) -> dict[str, Any]:
+def _read_layout(name: str, spec: LayoutSpec, layout: Any, decl: BlockDecl, line: int | None) -> list[SubDecl]:
+    """The subs a ``Layers`` / ``Runs`` member stands for under the block's ``layout`` data."""
+    kinds = layout.get(name) if isinstance(layout, dict) else None
+    known = ", ".join(k for k, _ in spec.kinds)
+    if kinds is None:
+        raise DeclarationError(f"{decl.qualname}.{name}: the block's `layout` has no entry {name!r} "
+                               f"(a kind, or a tuple of kinds, of {known})", decl.file, line)
+    single = isinstance(kinds, str)
+    listed = (kinds,) if single else tuple(kinds)
+    for k in listed:
+        if spec.kind(k) is None:
+            raise DeclarationError(f"{decl.qualname}.{name}: layout kind {k!r} is not one of {known}", decl.file, line)
+    if single and not spec.runs:
+        return [_read_sub(name, spec.kind(kinds), None, decl, line)]  # type: ignore[arg-type]
+    if single:
+        raise DeclarationError(f"{decl.qualname}.{name}: a Runs layout is a tuple of kinds, given {kinds!r}",
+                               decl.file, line)
+    if not spec.runs:
+        return [_read_sub(f"{name}_{i}", spec.kind(k), None, decl, line) for i, k in enumerate(listed)]  # type: ignore[arg-type]
+    return [_read_sub(f"{name}_{i}", spec.kind(k), Poly.const(n), decl, line)  # type: ignore[arg-type]
+            for i, (k, n) in enumerate(group_runs(listed))]
+
+
+def block_bases(cls: type) -> list[type]:
+    """The blocks ``cls`` is made of, the most basic first and ``cls`` last (its MRO, reversed,
+    without ``Block`` itself and the ``torch`` classes below it)."""
+    from .block import Block
+
+    return [c for c in reversed(cls.__mro__) if issubclass(c, Block) and c is not Block]
+
+
+def _class_value(bases: list[type], name: str) -> Any:
+    """A class attribute as the most derived block that sets it says (None when none does)."""
+    for base in reversed(bases):
+        if name in base.__dict__:
+            return base.__dict__[name]
+    return None
+
+
+def _typed_functions(cls: type, bases: list[type]) -> dict[str, Callable[..., Any]]:
+    """The typed functions along the bases, in the order first declared; an override replaces its
+    base's in place. An untyped override of a typed function is refused: the checker would otherwise
+    prove the base's body while the override runs."""
+    out: dict[str, Callable[..., Any]] = {}
+    for base in bases:
+        for pyname, fn in base.__dict__.items():
+            if not inspect.isfunction(fn) or pyname.startswith("__"):
+                continue
+            if fn.__annotations__:
+                out[pyname] = fn
+            elif pyname in out:
+                raise DeclarationError(
+                    f"{cls.__name__}: {base.__name__}.{pyname} overrides a typed function without its types "
+                    f"(write the annotations again)", inspect.getsourcefile(fn), _def_line(fn))
+    return out
+
+
+def _member_lines_of(cls: type) -> dict[str, int]:
+    try:
+        lines, first = inspect.getsourcelines(cls)
+    except (OSError, TypeError):
+        return {}
+    return _member_lines(lines, first)
+
+
+def class_annotations(cls: type) -> dict[str, Any]:
     """The class body's annotations as objects, also under ``from __future__ import annotations``."""
     raw = dict(cls.__dict__.get("__annotations__", {}))
     if not any(isinstance(a, str) for a in raw.values()):

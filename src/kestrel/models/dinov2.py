@@ -7,19 +7,11 @@ once, at load time, exactly as the reference resamples it on every call.
 
 from ..blocks import Array, Block, Dim, Float, Param, entry, f32
 from ..std import ops
-from ..std.nn import Linear
+from ..std.nn import Linear, transformer
 
 
-class LayerNorm(Block):
-    D: Dim
-    T: Float
-    eps: float = 1e-6
-
-    weight: Param["D; T"]
-    bias: Param["D; T"]
-
-    def forward(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
-        return ops.layer_norm(x, self.weight, self.bias, self.eps)
+class LayerNorm(transformer.LayerNorm):
+    pass
 
 
 class LayerScale(Block):
@@ -34,40 +26,28 @@ class LayerScale(Block):
         return x * self.lambda1
 
 
-class Attention(Block):
+class Attention(transformer.SelfAttention):
+    pass
+
+
+class _ScaledLayer(Block, abstract=True):
+    """What both DINOv2 layers share: the attention branch with its LayerScale, and the MLP's norm;
+    each layer adds its MLP width, its MLP, the second LayerScale and ``T``."""
+
     D: Dim
     Heads: Dim
-    T: Float
-    where = "Heads > 0, D % Heads == 0"
-
-    query: Linear["D, D, T"]
-    key: Linear["D, D, T"]
-    value: Linear["D, D, T"]
-    out: Linear["D, D, T"]
-
-    def forward(self, x: "Tensor[B, N, D; T]") -> "Tensor[B, N, D; T]":
-        B, N, _ = x.shape
-
-        def heads(t):
-            return t.reshape(B, N, self.Heads, self.D // self.Heads).transpose(1, 2)
-
-        qkv = (self.query, self.key, self.value)  # one GEMM: the three weights share one buffer
-        q, k, v = ops.fused_linear(x, [p.weight for p in qkv], [p.bias for p in qkv])
-        y = ops.attention(heads(q), heads(k), heads(v))
-        return self.out(y.transpose(1, 2).reshape(B, N, self.D))
-
-
-class EncoderLayer(Block):
-    D: Dim
-    Heads: Dim
-    Inner: Dim
-    T: Float
     where = "Heads > 0, D % Heads == 0"
 
     norm1: LayerNorm["D, T"]
     attention: Attention["D, Heads, T"]
     layer_scale1: LayerScale["D, T"]
     norm2: LayerNorm["D, T"]
+
+
+class EncoderLayer(_ScaledLayer):
+    Inner: Dim
+    T: Float
+
     up: Linear["D, Inner, T"]
     down: Linear["Inner, D, T"]
     layer_scale2: LayerScale["D, T"]
@@ -77,25 +57,16 @@ class EncoderLayer(Block):
         return x + self.layer_scale2(self.down(ops.gelu_(self.up(self.norm2(x)))))
 
 
-def _tokens(model, patches):
-    """Class token and positions, the layers, the final norm: shared by both DINOv2 roots."""
-    cls = model.class_token.expand(patches.shape[0], -1, -1)
-    x = ops.cat([cls, patches], dim=1) + model.positions
-    for layer in model.layers:
-        x = layer(x)
-    return model.norm(x)
+class _Root(Block, abstract=True):
+    """What both DINOv2 roots share: the image generics, the embedding, the class token and the
+    positions, and the forward; each root adds its MLP width, its layers and ``T``."""
 
-
-class Model(Block):
     Height: Dim
     Width: Dim
     Channels: Dim
     Patch: Dim
     D: Dim
     Heads: Dim
-    Inner: Dim
-    Layers: Dim
-    T: Float = f32
     where = "Patch > 0, Heads > 0, D % Heads == 0, Height >= Patch, Width >= Patch, D > 0, Channels > 0"
     imports = ("std.nn.linear", "std.nn.norm")
 
@@ -103,20 +74,32 @@ class Model(Block):
     patch_bias: Param["D; T"]
     class_token: Param["1, 1, D; T"]
     positions: Param["1, 1 + (Height / Patch) * (Width / Patch), D; T"]
-    layers: Array[EncoderLayer["D, Heads, Inner, T"], "Layers"]
-    norm: LayerNorm["D, T"]
 
     @entry
     def forward(
         self, image: "Tensor[B, Channels, Height, Width; T]"
     ) -> "Tensor[B, 1 + (Height / Patch) * (Width / Patch), D; T]":
-        return _tokens(self, self._embed(image))
+        x = self._embed(image)
+        cls = self.class_token.expand(x.shape[0], -1, -1)
+        x = ops.cat([cls, x], dim=1) + self.positions
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x)
 
     def _embed(
         self, image: "Tensor[B, Channels, Height, Width; T]"
     ) -> "Tensor[B, (Height / Patch) * (Width / Patch), D; T]":
         x = ops.conv2d(image, self.patch_weight, self.patch_bias, stride=self.Patch)
         return x.flatten(2).transpose(1, 2)
+
+
+class Model(_Root):
+    Inner: Dim
+    Layers: Dim
+    T: Float = f32
+
+    layers: Array[EncoderLayer["D, Heads, Inner, T"], "Layers"]
+    norm: LayerNorm["D, T"]
 
 
 # DINOv2-giant replaces the GELU MLP with SwiGLU. Its blocks live in their own kestrel module so
@@ -138,17 +121,10 @@ class SwiGluMlp(Block, module="dinov2.swiglu"):
         return self.weights_out(ops.silu(gate) * up)
 
 
-class SwiGluEncoderLayer(Block, module="dinov2.swiglu"):
-    D: Dim
-    Heads: Dim
+class SwiGluEncoderLayer(_ScaledLayer, module="dinov2.swiglu"):
     Hidden: Dim
     T: Float
-    where = "Heads > 0, D % Heads == 0"
 
-    norm1: LayerNorm["D, T"]
-    attention: Attention["D, Heads, T"]
-    layer_scale1: LayerScale["D, T"]
-    norm2: LayerNorm["D, T"]
     mlp: SwiGluMlp["D, Hidden, T"]
     layer_scale2: LayerScale["D, T"]
 
@@ -157,30 +133,12 @@ class SwiGluEncoderLayer(Block, module="dinov2.swiglu"):
         return x + self.layer_scale2(self.mlp(self.norm2(x)))
 
 
-class SwiGluModel(Block, module="dinov2.swiglu"):
+class SwiGluModel(_Root, module="dinov2.swiglu"):
     """DINOv2 with SwiGLU layers (giant); otherwise as :class:`Model`."""
 
-    Height: Dim
-    Width: Dim
-    Channels: Dim
-    Patch: Dim
-    D: Dim
-    Heads: Dim
     Hidden: Dim
     Layers: Dim
     T: Float = f32
-    where = "Patch > 0, Heads > 0, D % Heads == 0, Height >= Patch, Width >= Patch, D > 0, Channels > 0"
-    imports = ("std.nn.linear", "std.nn.norm")
 
-    patch_weight: Param["D, Channels, Patch, Patch; T"]
-    patch_bias: Param["D; T"]
-    class_token: Param["1, 1, D; T"]
-    positions: Param["1, 1 + (Height / Patch) * (Width / Patch), D; T"]
     layers: Array[SwiGluEncoderLayer["D, Heads, Hidden, T"], "Layers"]
     norm: LayerNorm["D, T"]
-
-    @entry
-    def forward(
-        self, image: "Tensor[B, Channels, Height, Width; T]"
-    ) -> "Tensor[B, 1 + (Height / Patch) * (Width / Patch), D; T]":
-        return _tokens(self, Model._embed(self, image))

@@ -9,14 +9,14 @@ an upscaling path to 256 x 256, and one hypernetwork MLP per mask token. Every e
 four masks (the single-mask one first, then the three multimask ones) with their predicted IoUs.
 """
 
-import functools
 import math
+from typing import Any, ClassVar
 
-from ..blocks import Block, Dim, Float, Param, entry, f32
-from ..blocks.block import REGISTRY
+from ..blocks import Block, Dim, Float, Layers, Param, each, entry, f32, variant
 from ..std import ops
-from ..std.nn import Conv2d, Linear
+from ..std.nn import Conv2d, Linear, transformer
 from ..std.ops_attention import decomposed_attention
+from . import sam_parts
 
 IMAGE = 1024  # the encoder's input side, in pixels
 GRID = 64  # the patch grid: IMAGE / 16
@@ -24,31 +24,12 @@ WINDOW = 14  # the windowed layers' window side
 MASK_TOKENS = 4  # one single-mask token, then three multimask tokens
 
 
-class LayerNorm(Block):
-    D: Dim
-    T: Float
-    eps: float = 1e-6
-
-    weight: Param["D; T"]
-    bias: Param["D; T"]
-
-    def forward(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
-        return ops.layer_norm(x, self.weight, self.bias, self.eps)
+class LayerNorm(transformer.LayerNorm):
+    pass
 
 
-class LayerNormCHW(Block):
+class LayerNormCHW(sam_parts.LayerNormCHW):
     """Layer norm over the channels of a channels-first map (SAM's neck and mask upscaling)."""
-
-    C: Dim
-    T: Float
-    eps = 1e-6  # fixed upstream, whatever the config says
-
-    weight: Param["C; T"]
-    bias: Param["C; T"]
-
-    def forward(self, x: "Tensor[B, C, H, W; T]") -> "Tensor[B, C, H, W; T]":
-        y = ops.layer_norm(x.permute(0, 2, 3, 1), self.weight, self.bias, self.eps)
-        return y.permute(0, 3, 1, 2)
 
 
 class GeluMlp(Block):
@@ -63,47 +44,17 @@ class GeluMlp(Block):
         return self.lin2(ops.gelu_(self.lin1(x)))
 
 
-class ReluMlp(Block):
-    D: Dim
-    Inner: Dim
-    T: Float
-
-    lin1: Linear["D, Inner, T"]
-    lin2: Linear["Inner, D, T"]
-
+class ReluMlp(GeluMlp):
     def forward(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
         return self.lin2(ops.relu(self.lin1(x)))
 
 
-class FeedForward3(Block):
+class FeedForward3(sam_parts.FeedForward3):
     """Three linear layers with ReLU between them (the hypernetworks and the IoU head)."""
 
-    In: Dim
-    Hidden: Dim
-    Out: Dim
-    T: Float
 
-    proj_in: Linear["In, Hidden, T"]
-    hidden: Linear["Hidden, Hidden, T"]
-    proj_out: Linear["Hidden, Out, T"]
-
-    def forward(self, x: "Tensor[*S, In; T]") -> "Tensor[*S, Out; T]":
-        return self.proj_out(ops.relu(self.hidden(ops.relu(self.proj_in(x)))))
-
-
-class Deconv2x2(Block):
-    """A stride-2 transposed 2 x 2 convolution: each pixel becomes a 2 x 2 block."""
-
-    Cin: Dim
-    Cout: Dim
-    T: Float
-    where = "Cin > 0, Cout > 0"
-
-    weight: Param["Cin, Cout, 2, 2; T"]
-    bias: Param["Cout; T"]
-
-    def forward(self, x: "Tensor[B, Cin, H, W; T]") -> "Tensor[B, Cout, 2 * H, 2 * W; T]":
-        return ops.conv_transpose2x2(x, self.weight, self.bias)
+class Deconv2x2(sam_parts.Deconv2x2):
+    pass
 
 
 # ---------------------------------------------------------------------------------- image encoder
@@ -175,19 +126,10 @@ class VisionLayerWindowed(Block):
         return x + self.mlp(self.layer_norm2(x))
 
 
-class VisionLayerGlobal(Block):
+class VisionLayerGlobal(VisionLayerWindowed):
     """A pre-norm layer whose attention spans the whole 64 x 64 grid."""
 
-    D: Dim
-    Heads: Dim
-    Inner: Dim
-    T: Float
-    where = "Heads > 0, D % Heads == 0"
-
-    layer_norm1: LayerNorm["D, T"]
     attn: VisionAttention["D, Heads, 64, T"]
-    layer_norm2: LayerNorm["D, T"]
-    mlp: GeluMlp["D, Inner, T"]
 
     def forward(self, x: "Tensor[B, 64, 64, D; T]") -> "Tensor[B, 64, 64, D; T]":
         x = x + self.attn(self.layer_norm1(x))
@@ -212,51 +154,36 @@ class VisionNeck(Block):
         return self.ln2(self.conv2(x))
 
 
-def _encoder_forward(self, pixel_values: "Tensor[B, 3, 1024, 1024; T]") -> "Tensor[B, Hd, 64, 64; T]":
-    x = self.patch_embed(pixel_values).permute(0, 2, 3, 1).contiguous() + self.pos_embed
-    for name in self.layers:
-        x = getattr(self, name)(x)
-    return self.neck(x)
+class VisionEncoder(Block):
+    """Patch embedding, the layers (windowed or global, as the checkpoint's layout says), the neck."""
+
+    D: Dim
+    Heads: Dim
+    Inner: Dim
+    Hd: Dim
+    T: Float
+    where = "Heads > 0, D % Heads == 0, D > 0, Hd > 0"
+    layout: ClassVar[dict[str, Any]] = {"layer": ("windowed", "windowed", "global") * 4}  # ViT-B's, the seed's
+
+    patch_embed: Conv2d["3, D, 16, 16, 0, T"]
+    pos_embed: Param["1, 64, 64, D; T"]
+    layer: Layers[{"windowed": VisionLayerWindowed["D, Heads, Inner, T"],
+                   "global": VisionLayerGlobal["D, Heads, Inner, T"]}]
+    neck: VisionNeck["D, Hd, T"]
+
+    def forward(self, pixel_values: "Tensor[B, 3, 1024, 1024; T]") -> "Tensor[B, Hd, 64, 64; T]":
+        x = self.patch_embed(pixel_values).permute(0, 2, 3, 1).contiguous() + self.pos_embed
+        for layer in each(self, "layer"):
+            x = layer(x)
+        return self.neck(x)
 
 
-def vision_encoder(depth: int, global_layers: tuple[int, ...]) -> type[Block]:
-    """The ``VisionEncoder`` block of a ``depth``-layer encoder with global attention at ``global_layers``.
-
-    The layout is the checkpoint's data (``num_hidden_layers``, ``global_attn_indexes``); each layer is
-    still a typed sub of its own, ``layer_i: VisionLayerGlobal<...>`` or ``VisionLayerWindowed<...>``.
-    """
-    return _vision_encoder(depth, tuple(sorted(set(global_layers))))
-
-
-@functools.cache
-def _vision_encoder(depth: int, global_layers: tuple[int, ...]) -> type[Block]:
+def encoder_layout(depth: int, global_layers: tuple[int, ...] | list[int]) -> tuple[str, ...]:
+    """The kind of each of ``depth`` encoder layers, global at ``global_layers`` (the config's
+    ``num_hidden_layers`` and ``global_attn_indexes``)."""
     if depth <= 0 or any(not 0 <= i < depth for i in global_layers):
         raise ValueError(f"SAM encoder layout: {depth} layers with global attention at {list(global_layers)}")
-    layers = tuple(f"layer_{i}" for i in range(depth))
-    annotations = {
-        "D": Dim, "Heads": Dim, "Inner": Dim, "Hd": Dim, "T": Float,
-        "patch_embed": Conv2d["3, D, 16, 16, 0, T"],
-        "pos_embed": Param["1, 64, 64, D; T"],
-        **{name: (VisionLayerGlobal if i in global_layers else VisionLayerWindowed)["D, Heads, Inner, T"]
-           for i, name in enumerate(layers)},
-        "neck": VisionNeck["D, Hd, T"],
-    }
-    namespace = {
-        "__module__": __name__, "__qualname__": "VisionEncoder", "__annotations__": annotations,
-        "__doc__": f"Patch embedding, {depth} layers (global attention at {list(global_layers)}), the neck.",
-        "where": "Heads > 0, D % Heads == 0, D > 0, Hd > 0", "layers": layers, "forward": _encoder_forward,
-    }
-    return _variant(type("VisionEncoder", (Block,), namespace))
-
-
-def _variant(cls: type[Block]) -> type[Block]:
-    """A block built from data is listed once per program: the printer takes the program's own copy."""
-    if sum(c.__name__ == cls.__name__ for c in REGISTRY[cls._kestrel_module]) > 1:
-        REGISTRY[cls._kestrel_module].remove(cls)
-    return cls
-
-
-VisionEncoder = vision_encoder(12, (2, 5, 8, 11))  # ViT-B's layout, the seed's
+    return tuple("global" if i in set(global_layers) else "windowed" for i in range(depth))
 
 
 # ----------------------------------------------------------------------------------- mask decoder
@@ -527,16 +454,5 @@ class Model(Block):
 
 def model_for(depth: int, global_layers: tuple[int, ...] | list[int]) -> type[Block]:
     """The ``Model`` block whose encoder has ``depth`` layers, global at ``global_layers`` (ViT-B/L/H)."""
-    encoder = vision_encoder(depth, tuple(global_layers))
-    if encoder is VisionEncoder:
-        return Model
-    return _model_for(encoder)
-
-
-@functools.cache
-def _model_for(encoder: type[Block]) -> type[Block]:
-    namespace = {k: v for k, v in Model.__dict__.items() if k not in ("__dict__", "__weakref__")}
-    namespace = {k: (getattr(v, "__wrapped__", v) if callable(v) else v) for k, v in namespace.items()}
-    namespace["__annotations__"] = {**Model.__annotations__,
-                                    "vision_encoder": encoder["D, VisionHeads, VisionInner, Hd, T"]}
-    return _variant(type("Model", (Block,), namespace))
+    encoder = variant(VisionEncoder, layout={"layer": encoder_layout(depth, global_layers)})
+    return variant(Model, subs={"vision_encoder": encoder})

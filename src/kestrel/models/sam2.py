@@ -3,8 +3,9 @@
 The image encoder is Hiera: a 7 x 7 stride-4 patch embedding, then four stages at 1/4, 1/8, 1/16
 and 1/32 of the image, each a run of pre-norm layers that attend inside square windows (the map
 zero-padded up to a whole number of windows). The first layer of stages 1-3 halves the map by
-max-pooling its queries inside each window and widens the channels; stage 2 holds three global
-layers, written here as windowed layers whose window is the whole map. The position embedding is a
+max-pooling its queries inside each window and widens the channels. Which layers attend globally
+(a window that is the whole map) is the checkpoint's layout, data rather than code: Hiera-tiny's
+three global layers sit in stage 2, and any other placement loads as well. The position embedding is a
 small background table resized bicubically to the stage-0 map plus a window-sized table tiled over
 it. The FPN neck takes 1 x 1 convolutions of the four stage outputs down to ``Hd`` channels and
 adds the upsampled 1/32 map to the 1/16 one: the 1/16 map plus the learnt no-memory embedding is the
@@ -13,32 +14,23 @@ upscaling path (through ``conv_s0`` and ``conv_s1``).
 
 Sizes are generics: ``E`` is the image-embedding side (64 at 1024 px, 32 at 512 px; the image is
 ``16 * E``), ``Win*`` the stages' windows, ``Pad*`` how far each stage's map is padded to whole
-windows, ``L*`` and ``R*`` the layer counts (stage 2 is the pooling layer, then runs of ``R0`` ..
-``R3`` windowed layers with a global layer after each of the first three runs).
+windows. The layer counts are the layout's (:func:`model_for`).
 """
 
 import math
+from typing import Any, ClassVar
 
-from ..blocks import Array, Block, Dim, Float, Param, entry, f32
+from ..blocks import Array, Block, Dim, Float, Param, Runs, entry, f32, runs, variant
 from ..std import ops
-from ..std.nn import Conv2d, Linear
+from ..std.nn import Conv2d, Linear, transformer
+from . import sam_parts
 
 MASK_TOKENS = 4  # one single-mask token, then three multimask tokens
 NOT_A_POINT_BIAS = -1e9  # the key bias of a padding token in decode_tokens
 
 
-class LayerNorm(Block):
+class LayerNorm(transformer.LayerNorm):
     """Hiera's layer norm (the config's ``layer_norm_eps``)."""
-
-    D: Dim
-    T: Float
-    eps: float = 1e-6
-
-    weight: Param["D; T"]
-    bias: Param["D; T"]
-
-    def forward(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
-        return ops.layer_norm(x, self.weight, self.bias, self.eps)
 
 
 class TokenNorm(Block):
@@ -54,17 +46,8 @@ class TokenNorm(Block):
         return ops.layer_norm(x, self.weight, self.bias, 1e-5)
 
 
-class LayerNormCHW(Block):
+class LayerNormCHW(sam_parts.LayerNormCHW):
     """Layer norm over the channels of a channels-first map (the mask upscaling path)."""
-
-    C: Dim
-    T: Float
-
-    weight: Param["C; T"]
-    bias: Param["C; T"]
-
-    def forward(self, x: "Tensor[B, C, H, W; T]") -> "Tensor[B, C, H, W; T]":
-        return ops.layer_norm_chw(x, self.weight, self.bias, 1e-6)
 
 
 class GeluMlp(Block):
@@ -79,47 +62,17 @@ class GeluMlp(Block):
         return self.proj_out(ops.gelu_(self.proj_in(x)))
 
 
-class ReluMlp(Block):
-    D: Dim
-    Inner: Dim
-    T: Float
-
-    proj_in: Linear["D, Inner, T"]
-    proj_out: Linear["Inner, D, T"]
-
+class ReluMlp(GeluMlp):
     def forward(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
         return self.proj_out(ops.relu(self.proj_in(x)))
 
 
-class FeedForward3(Block):
+class FeedForward3(sam_parts.FeedForward3):
     """Three linear layers with ReLU between them (hypernetworks, IoU and object-score heads)."""
 
-    In: Dim
-    Hidden: Dim
-    Out: Dim
-    T: Float
 
-    proj_in: Linear["In, Hidden, T"]
-    hidden: Linear["Hidden, Hidden, T"]
-    proj_out: Linear["Hidden, Out, T"]
-
-    def forward(self, x: "Tensor[*S, In; T]") -> "Tensor[*S, Out; T]":
-        return self.proj_out(ops.relu(self.hidden(ops.relu(self.proj_in(x)))))
-
-
-class Deconv2x2(Block):
+class Deconv2x2(sam_parts.Deconv2x2):
     """A stride-2 transposed 2 x 2 convolution: each pixel becomes a 2 x 2 block."""
-
-    Cin: Dim
-    Cout: Dim
-    T: Float
-    where = "Cin > 0, Cout > 0"
-
-    weight: Param["Cin, Cout, 2, 2; T"]
-    bias: Param["Cout; T"]
-
-    def forward(self, x: "Tensor[B, Cin, H, W; T]") -> "Tensor[B, Cout, 2 * H, 2 * W; T]":
-        return ops.conv_transpose2x2(x, self.weight, self.bias)
 
 
 # ------------------------------------------------------------------------------------------ Hiera
@@ -241,79 +194,18 @@ class HieraPoolLayer(Block):
         return x + self.mlp(self.layer_norm2(x))
 
 
-class PooledStage(Block):
-    """Hiera stage 1 or 3: the pooling layer, then ``Depth`` windowed layers."""
-
-    Din: Dim
-    Dout: Dim
-    Heads: Dim
-    Win: Dim
-    Side: Dim
-    Pad: Dim
-    Q: Dim
-    QPad: Dim
-    Depth: Dim
-    T: Float
-    where = ("Heads > 0, Dout > 0, Dout % Heads == 0, Win > 0, Q > 0, Side > 0, (Side + Pad) % Win == 0, "
-             "(Side + QPad) % Q == 0, Side + Pad >= Win, Side + QPad >= Q")
-
-    pool: HieraPoolLayer["Din, Dout, Heads, Q, Side, QPad, T"]
-    layers: Array[HieraLayer["Dout, Heads, Win, Side, Pad, T"], "Depth"]
-
-    def forward(self, x: "Tensor[B, 2 * Side, 2 * Side, Din; T]") -> "Tensor[B, Side, Side, Dout; T]":
-        x = self.pool(x)
-        for layer in self.layers:
+def _through(block, name, x):
+    """``x`` through the runs of layers that ``block``'s layout lays out as ``name``, in order."""
+    for run in runs(block, name):
+        for layer in run:
             x = layer(x)
-        return x
+    return x
 
 
-class GlobalStage(Block):
-    """Hiera stage 2: the pooling layer, then runs of windowed layers, each of the first three
-    followed by a global layer."""
-
-    Din: Dim
-    Dout: Dim
-    Heads: Dim
-    Win: Dim
-    Side: Dim
-    Pad: Dim
-    Q: Dim
-    QPad: Dim
-    R0: Dim
-    R1: Dim
-    R2: Dim
-    R3: Dim
-    T: Float
-    where = ("Heads > 0, Dout > 0, Dout % Heads == 0, Win > 0, Q > 0, Side > 0, (Side + Pad) % Win == 0, "
-             "(Side + QPad) % Q == 0, Side + Pad >= Win, Side + QPad >= Q")
-
-    pool: HieraPoolLayer["Din, Dout, Heads, Q, Side, QPad, T"]
-    run_0: Array[HieraLayer["Dout, Heads, Win, Side, Pad, T"], "R0"]
-    global_0: HieraLayer["Dout, Heads, Side, Side, 0, T"]
-    run_1: Array[HieraLayer["Dout, Heads, Win, Side, Pad, T"], "R1"]
-    global_1: HieraLayer["Dout, Heads, Side, Side, 0, T"]
-    run_2: Array[HieraLayer["Dout, Heads, Win, Side, Pad, T"], "R2"]
-    global_2: HieraLayer["Dout, Heads, Side, Side, 0, T"]
-    run_3: Array[HieraLayer["Dout, Heads, Win, Side, Pad, T"], "R3"]
-
-    def forward(self, x: "Tensor[B, 2 * Side, 2 * Side, Din; T]") -> "Tensor[B, Side, Side, Dout; T]":
-        x = self.pool(x)
-        for layer in self.run_0:
-            x = layer(x)
-        x = self.global_0(x)
-        for layer in self.run_1:
-            x = layer(x)
-        x = self.global_1(x)
-        for layer in self.run_2:
-            x = layer(x)
-        x = self.global_2(x)
-        for layer in self.run_3:
-            x = layer(x)
-        return x
-
-
-class Hiera(Block):
-    """The backbone: patch embedding, positions, four stages; returns every stage's output."""
+class HieraSizes(Block, abstract=True):
+    """Hiera's sizes, declared once for the backbone and the model that binds it: ``E`` the image
+    embedding's side, ``Bg`` the background position table's, per stage the width, heads, window
+    and how far the stage's map is padded to whole windows."""
 
     E: Dim
     Bg: Dim
@@ -333,14 +225,6 @@ class Hiera(Block):
     Pad1: Dim
     Pad2: Dim
     Pad3: Dim
-    L0: Dim
-    L1: Dim
-    L3: Dim
-    R0: Dim
-    R1: Dim
-    R2: Dim
-    R3: Dim
-    T: Float
     where = ("E % 2 == 0, E > 0, Bg > 0, Heads0 > 0, Heads1 > 0, Heads2 > 0, Heads3 > 0, D0 % Heads0 == 0, "
              "D1 % Heads1 == 0, D2 % Heads2 == 0, D3 % Heads3 == 0, Win0 > 1, Win1 > 1, Win2 > 1, Win3 > 0, "
              "Win0 % 2 == 0, Win1 % 2 == 0, Win2 % 2 == 0, Pad0 % 2 == 0, Pad1 % 2 == 0, Pad2 % 2 == 0, "
@@ -351,24 +235,48 @@ class Hiera(Block):
              "E + Pad2 >= Win2, E / 2 + Pad3 >= Win3, 2 * E + Pad0 / 2 >= Win0 / 2, E + Pad1 / 2 >= Win1 / 2, "
              "E / 2 + Pad2 / 2 >= Win2 / 2")
 
+
+class Hiera(HieraSizes):
+    """The backbone: patch embedding, positions, four stages; returns every stage's output.
+
+    Which layers attend in windows and which globally is the checkpoint's data (``layout``): stages
+    1-3 open with ``pool_s`` (the layer that halves the map, in the previous stage's windows), then
+    each stage is runs of windowed or global layers, ``stage_s_0``, ``stage_s_1``, ... A global
+    layer is a windowed one whose window is the whole map.
+    """
+
+    T: Float
+    layout: ClassVar[dict[str, Any]] = {  # Hiera-tiny's: blocks per stage 1, 2, 7, 2; global blocks 5, 7, 9
+        "stage_0": ("windowed",),
+        "stage_1": ("windowed",),
+        "stage_2": ("windowed", "global") * 3,
+        "stage_3": ("windowed",),
+    }
+
     patch_embed: Conv2d["3, D0, 7, 4, 3, T"]
     pos_embed: Param["1, D0, Bg, Bg; T"]
     pos_embed_window: Param["1, D0, Win0, Win0; T"]
-    stage_0: Array[HieraLayer["D0, Heads0, Win0, 4 * E, Pad0, T"], "L0"]
-    stage_1: PooledStage["D0, D1, Heads1, Win1, 2 * E, Pad1, Win0 / 2, Pad0 / 2, L1, T"]
-    stage_2: GlobalStage["D1, D2, Heads2, Win2, E, Pad2, Win1 / 2, Pad1 / 2, R0, R1, R2, R3, T"]
-    stage_3: PooledStage["D2, D3, Heads3, Win3, E / 2, Pad3, Win2 / 2, Pad2 / 2, L3, T"]
+    stage_0: Runs[{"windowed": HieraLayer["D0, Heads0, Win0, 4 * E, Pad0, T"],
+                   "global": HieraLayer["D0, Heads0, 4 * E, 4 * E, 0, T"]}]
+    pool_1: HieraPoolLayer["D0, D1, Heads1, Win0 / 2, 2 * E, Pad0 / 2, T"]
+    stage_1: Runs[{"windowed": HieraLayer["D1, Heads1, Win1, 2 * E, Pad1, T"],
+                   "global": HieraLayer["D1, Heads1, 2 * E, 2 * E, 0, T"]}]
+    pool_2: HieraPoolLayer["D1, D2, Heads2, Win1 / 2, E, Pad1 / 2, T"]
+    stage_2: Runs[{"windowed": HieraLayer["D2, Heads2, Win2, E, Pad2, T"],
+                   "global": HieraLayer["D2, Heads2, E, E, 0, T"]}]
+    pool_3: HieraPoolLayer["D2, D3, Heads3, Win2 / 2, E / 2, Pad2 / 2, T"]
+    stage_3: Runs[{"windowed": HieraLayer["D3, Heads3, Win3, E / 2, Pad3, T"],
+                   "global": HieraLayer["D3, Heads3, E / 2, E / 2, 0, T"]}]
 
     def forward(self, pixel_values: "Tensor[B, 3, 16 * E, 16 * E; T]") -> (
         "(Tensor[B, 4 * E, 4 * E, D0; T], Tensor[B, 2 * E, 2 * E, D1; T], Tensor[B, E, E, D2; T], "
         "Tensor[B, E / 2, E / 2, D3; T])"
     ):
         x0 = self.patch_embed(pixel_values).permute(0, 2, 3, 1).contiguous() + self.positions()
-        for layer in self.stage_0:
-            x0 = layer(x0)
-        x1 = self.stage_1(x0)
-        x2 = self.stage_2(x1)
-        return x0, x1, x2, self.stage_3(x2)
+        x0 = _through(self, "stage_0", x0)
+        x1 = _through(self, "stage_1", self.pool_1(x0))
+        x2 = _through(self, "stage_2", self.pool_2(x1))
+        return x0, x1, x2, _through(self, "stage_3", self.pool_3(x2))
 
     def positions(self) -> "Tensor[1, 4 * E, 4 * E, D0; T]":
         """The background table resized bicubically to the stage-0 map plus the tiled window table.
@@ -596,56 +504,22 @@ class MaskDecoder(Block):
 # ------------------------------------------------------------------------------------------ model
 
 
-class Model(Block):
+class Model(HieraSizes):
     """SAM 2.1's image path: ``encode_image`` once per image, then a decode per prompt.
 
     Points and boxes are in pixels of the ``16 E x 16 E`` model input. Point labels: 1 foreground,
     0 background, 2 and 3 box corners, -1 not a point, -10 padding (ignored).
     """
 
-    E: Dim
-    Bg: Dim
-    D0: Dim
-    D1: Dim
-    D2: Dim
-    D3: Dim
-    Heads0: Dim
-    Heads1: Dim
-    Heads2: Dim
-    Heads3: Dim
-    Win0: Dim
-    Win1: Dim
-    Win2: Dim
-    Win3: Dim
-    Pad0: Dim
-    Pad1: Dim
-    Pad2: Dim
-    Pad3: Dim
-    L0: Dim
-    L1: Dim
-    L3: Dim
-    R0: Dim
-    R1: Dim
-    R2: Dim
-    R3: Dim
     Hd: Dim
     MaskHeads: Dim
     MaskInner: Dim
     T: Float = f32
-    where = ("E % 2 == 0, E > 0, Bg > 0, Heads0 > 0, Heads1 > 0, Heads2 > 0, Heads3 > 0, D0 % Heads0 == 0, "
-             "D1 % Heads1 == 0, D2 % Heads2 == 0, D3 % Heads3 == 0, Win0 > 1, Win1 > 1, Win2 > 1, Win3 > 0, "
-             "Win0 % 2 == 0, Win1 % 2 == 0, Win2 % 2 == 0, Pad0 % 2 == 0, Pad1 % 2 == 0, Pad2 % 2 == 0, "
-             "(4 * E) % Win0 == 0, (4 * E + Pad0) % Win0 == 0, (2 * E + Pad1) % Win1 == 0, "
-             "(E + Pad2) % Win2 == 0, (E / 2 + Pad3) % Win3 == 0, (2 * E + Pad0 / 2) % (Win0 / 2) == 0, "
-             "(E + Pad1 / 2) % (Win1 / 2) == 0, (E / 2 + Pad2 / 2) % (Win2 / 2) == 0, "
-             "E >= 2, D0 > 0, D1 > 0, D2 > 0, D3 > 0, 4 * E + Pad0 >= Win0, 2 * E + Pad1 >= Win1, "
-             "E + Pad2 >= Win2, E / 2 + Pad3 >= Win3, 2 * E + Pad0 / 2 >= Win0 / 2, E + Pad1 / 2 >= Win1 / 2, "
-             "E / 2 + Pad2 / 2 >= Win2 / 2, "
-             "MaskHeads > 0, Hd % MaskHeads == 0, (Hd / 2) % MaskHeads == 0, Hd % 8 == 0, Hd % 2 == 0, Hd >= 8")
+    where = "MaskHeads > 0, Hd % MaskHeads == 0, (Hd / 2) % MaskHeads == 0, Hd % 8 == 0, Hd % 2 == 0, Hd >= 8"
     imports = ("std.nn.conv", "std.nn.linear")
 
     backbone: Hiera["E, Bg, D0, D1, D2, D3, Heads0, Heads1, Heads2, Heads3, Win0, Win1, Win2, Win3, "
-                    "Pad0, Pad1, Pad2, Pad3, L0, L1, L3, R0, R1, R2, R3, T"]
+                    "Pad0, Pad1, Pad2, Pad3, T"]
     neck: FpnNeck["D0, D1, D2, D3, Hd, E, T"]
     no_memory_embedding: Param["1, 1, Hd; T"]
     positional_embedding: Param["2, Hd / 2; T"]
@@ -752,3 +626,31 @@ class Model(Block):
         """Random Fourier features ``[sin, cos](2 pi (2c - 1) G)`` of coordinates in [0, 1]."""
         c = ops.matmul(coords * 2 - 1, table) * (2 * math.pi)
         return ops.cat([ops.sin(c), ops.cos(c)], dim=-1)
+
+
+def hiera_layout(blocks_per_stage: list[int] | tuple[int, ...], global_blocks: list[int] | tuple[int, ...],
+                 ) -> dict[str, Any]:
+    """Hiera's ``layout`` from the config's ``blocks_per_stage`` and ``global_attention_blocks``: the
+    kind of every block after the pooling layer that opens stages 1-3."""
+    depths = [int(d) for d in blocks_per_stage]
+    if len(depths) != 4 or min(depths) < 1:
+        raise ValueError(f"SAM 2 needs four Hiera stages of at least one block, blocks_per_stage={depths}")
+    glob = {int(g) for g in global_blocks}
+    if any(not 0 <= g < sum(depths) for g in glob):
+        raise ValueError(f"SAM 2 global_attention_blocks={sorted(glob)} names blocks outside the "
+                         f"{sum(depths)} of blocks_per_stage={depths}")
+    pools = {sum(depths[:s]) for s in (1, 2, 3)}
+    if glob & pools:
+        raise ValueError(f"SAM 2 global_attention_blocks={sorted(glob)} makes pooling block(s) "
+                         f"{sorted(glob & pools)} global (the first block of stages 1-3), which upstream cannot run")
+    kinds = ["global" if i in glob else "windowed" for i in range(sum(depths))]
+    out: dict[str, Any] = {}
+    for s, n in enumerate(depths):
+        stage, kinds = kinds[:n], kinds[n:]
+        out[f"stage_{s}"] = tuple(stage[1:] if s else stage)
+    return out
+
+
+def model_for(layout: dict[str, Any]) -> type[Block]:
+    """The ``Model`` whose backbone is laid out as ``layout`` (see :func:`hiera_layout`)."""
+    return variant(Model, subs={"backbone": variant(Hiera, layout=layout)})

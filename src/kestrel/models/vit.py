@@ -6,44 +6,15 @@ positions added, then ``Layers`` pre-norm encoder layers; the head reads the cla
 
 from ..blocks import Array, Block, Dim, Float, Param, entry, f32
 from ..std import ops
-from ..std.nn import Linear
+from ..std.nn import Linear, transformer
 
 
-class LayerNorm(Block):
-    D: Dim
-    T: Float
+class LayerNorm(transformer.LayerNorm):
     eps: float = 1e-12
 
-    weight: Param["D; T"]
-    bias: Param["D; T"]
 
-    def forward(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
-        return ops.layer_norm(x, self.weight, self.bias, self.eps)
-
-
-class Attention(Block):
+class Attention(transformer.SelfAttention):
     """Multi-head self-attention with separate query, key and value projections."""
-
-    D: Dim
-    Heads: Dim
-    T: Float
-    where = "Heads > 0, D % Heads == 0"
-
-    query: Linear["D, D, T"]
-    key: Linear["D, D, T"]
-    value: Linear["D, D, T"]
-    out: Linear["D, D, T"]
-
-    def forward(self, x: "Tensor[B, N, D; T]") -> "Tensor[B, N, D; T]":
-        B, N, _ = x.shape
-
-        def heads(t):
-            return t.reshape(B, N, self.Heads, self.D // self.Heads).transpose(1, 2)
-
-        qkv = (self.query, self.key, self.value)  # one GEMM: the three weights share one buffer
-        q, k, v = ops.fused_linear(x, [p.weight for p in qkv], [p.bias for p in qkv])
-        y = ops.attention(heads(q), heads(k), heads(v))
-        return self.out(y.transpose(1, 2).reshape(B, N, self.D))
 
 
 class EncoderLayer(Block):

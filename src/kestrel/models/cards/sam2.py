@@ -9,8 +9,10 @@ embedding's side, image / 16): the config's ``image_size`` by default, rebindabl
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
+from ...blocks.spec import group_runs
 from .. import sam2
 from ..capabilities import Capabilities
 from .base import IMAGENET_MEAN, IMAGENET_STD, Bindings, Card, Family, pair
@@ -59,20 +61,10 @@ def _pad(side: int, win: int) -> int:
     return (-side) % win
 
 
-def _layout(bb: dict) -> dict[str, Any]:
-    """Where each upstream block sits: stage, and within stage 2 the runs between global layers."""
-    depths = [int(d) for d in bb["blocks_per_stage"]]
-    if len(depths) != 4 or min(depths) < 1:
-        raise ValueError(f"SAM 2 needs four Hiera stages of at least one block, blocks_per_stage={depths}")
-    starts = [sum(depths[:i]) for i in range(4)]
-    glob = sorted(int(g) for g in bb["global_attention_blocks"])
-    lo, hi = starts[2] + 1, starts[2] + depths[2] - 1
-    if len(glob) != 3 or not all(lo <= g <= hi for g in glob):
-        raise ValueError(f"SAM 2 needs three global blocks inside stage 2 after its first block (blocks {lo}..{hi}); "
-                         f"global_attention_blocks={glob}")
-    marks = [starts[2], *glob, starts[2] + depths[2]]
-    runs = [marks[k + 1] - marks[k] - 1 for k in range(3)] + [marks[4] - marks[3] - 1]
-    return {"depths": depths, "starts": starts, "globals": glob, "runs": runs}
+def layout(cfg: dict) -> dict[str, Any]:
+    """Hiera's layout from the config: which blocks pool, which attend globally, stage by stage."""
+    bb = _backbone(cfg)
+    return sam2.hiera_layout(bb["blocks_per_stage"], bb["global_attention_blocks"])
 
 
 def generics(cfg: dict, E: int | None = None) -> dict[str, Any]:
@@ -83,7 +75,7 @@ def generics(cfg: dict, E: int | None = None) -> dict[str, Any]:
     _check("vision_config.backbone_config", bb, _FIXED_BACKBONE)
     _check("vision_config", vision, _FIXED_VISION)
     _check("mask_decoder_config", decoder, _FIXED_DECODER)
-    lay = _layout(bb)
+    layout(cfg)  # refuses a layout the program cannot lay out, naming the field
     dims = [int(d) for d in bb["embed_dim_per_stage"]]
     heads = [int(h) for h in bb["num_attention_heads_per_stage"]]
     wins = [int(w) for w in bb["window_size_per_stage"]]
@@ -129,33 +121,21 @@ def generics(cfg: dict, E: int | None = None) -> dict[str, Any]:
     out.update({f"Heads{i}": heads[i] for i in range(4)})
     out.update({f"Win{i}": wins[i] for i in range(4)})
     out.update({f"Pad{i}": _pad(sides[i], wins[i]) for i in range(4)})
-    depths, runs = lay["depths"], lay["runs"]
-    out.update({"L0": depths[0], "L1": depths[1] - 1, "L3": depths[3] - 1})
-    out.update({f"R{k}": runs[k] for k in range(4)})
     out.update({"Hd": hd, "MaskHeads": decoder.get("num_attention_heads", 8),
                 "MaskInner": decoder.get("mlp_dim", 2048)})
     return out
 
 
 def _block_paths(cfg: dict) -> list[str]:
-    """The program path of every upstream Hiera block, in upstream order."""
-    lay = _layout(_backbone(cfg))
-    d = lay["depths"]
-    paths = [f"backbone.stage_0.{j}" for j in range(d[0])]
-    for s in (1, 3):
-        if s == 3:
-            paths += _stage2(lay)
-        paths += [f"backbone.stage_{s}.pool"] + [f"backbone.stage_{s}.layers.{j}" for j in range(d[s] - 1)]
+    """The program path of every upstream Hiera block, in upstream order: ``pool_s`` for the first
+    block of stages 1-3, then ``stage_s_k.j``, the j-th layer of the stage's k-th run."""
+    paths = []
+    for s, (name, kinds) in enumerate(layout(cfg).items()):
+        if s:
+            paths.append(f"backbone.pool_{s}")
+        for k, (_, n) in enumerate(group_runs(kinds)):
+            paths += [f"backbone.{name}_{k}.{j}" for j in range(n)]
     return paths
-
-
-def _stage2(lay: dict) -> list[str]:
-    out = ["backbone.stage_2.pool"]
-    for k, n in enumerate(lay["runs"]):
-        out += [f"backbone.stage_2.run_{k}.{j}" for j in range(n)]
-        if k < 3:
-            out.append(f"backbone.stage_2.global_{k}")
-    return out
 
 
 def bindings(cfg: dict) -> Bindings:
@@ -209,7 +189,7 @@ PREPROCESS = {
 FAMILY = Family(
     name="sam2",
     model_types=("sam2", "sam2_video"),  # the hub checkpoints are the video model's; the image path is the same
-    root=lambda cfg: sam2.Model,
+    root=lambda cfg: sam2.model_for(layout(cfg)),
     generics=generics,
     bindings=bindings,
     settings=settings,
@@ -248,7 +228,7 @@ _TINY = {
 }
 
 # The other sizes of the family, as their backbone configs differ from tiny's (the published
-# checkpoints' values). No card pins their hub revisions yet: load them from a directory.
+# checkpoints' values: facebook/sam2.1-hiera-* config.json, and the sam2.1_hiera_*.yaml they come from)
 FAMILY_BACKBONES = {
     "small": {"blocks_per_stage": [1, 2, 11, 2], "global_attention_blocks": [7, 10, 13]},
     "base-plus": {"hidden_size": 112, "embed_dim_per_stage": [112, 224, 448, 896],
@@ -259,7 +239,24 @@ FAMILY_BACKBONES = {
               "global_attention_blocks": [23, 33, 43], "window_size_per_stage": [8, 4, 16, 8]},
 }
 
+
+def _sized(size: str) -> dict[str, Any]:
+    """Tiny's config with ``size``'s backbone (and the neck's channel list that follows from it)."""
+    cfg = copy.deepcopy(_TINY)
+    bb = cfg["vision_config"]["backbone_config"]
+    bb.update(FAMILY_BACKBONES[size])
+    cfg["vision_config"]["backbone_channel_list"] = list(reversed(bb["embed_dim_per_stage"]))
+    return cfg
+
+
+# tiny's revision is pinned; the others follow the hub's main branch until their revisions are pinned
 CARDS = [
     Card("sam2.1-hiera-tiny", FAMILY, "facebook/sam2.1-hiera-tiny", "de431c4043854a71d8101e17995dfe596bf101a5",
          "SAM 2.1 Hiera-tiny", config=_TINY),
+    Card("sam2.1-hiera-small", FAMILY, "facebook/sam2.1-hiera-small", "main", "SAM 2.1 Hiera-small",
+         config=_sized("small")),
+    Card("sam2.1-hiera-base-plus", FAMILY, "facebook/sam2.1-hiera-base-plus", "main", "SAM 2.1 Hiera-base-plus",
+         config=_sized("base-plus")),
+    Card("sam2.1-hiera-large", FAMILY, "facebook/sam2.1-hiera-large", "main", "SAM 2.1 Hiera-large",
+         config=_sized("large")),
 ]
