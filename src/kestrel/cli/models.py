@@ -147,6 +147,11 @@ def cmd_summary() -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from ..inspect.exported import inspect_exported, is_export_file
+
+    if args.model and is_export_file(args.model):  # an exported .onnx/.pte or an export's manifest.json
+        print(inspect_exported(args.model, as_json=args.json))
+        return 0
     if args.all and args.model:
         raise UsageError("give a model or --all, not both")
     if not args.all and not args.model:
@@ -199,9 +204,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.target == "onnx" and not _is_edge_split(model):
         from ..export.onnx import export_onnx
 
-        for path in export_onnx(model, out, batch=args.batch):
+        for path in export_onnx(model, out, batch=args.batch, dynamic=args.dynamic, verify=not args.no_validate,
+                                progress=lambda msg: print(msg, file=sys.stderr, flush=True)):
             print(path)
         return 0
+    if args.dynamic is not None or args.batch is not None:
+        raise UsageError(f"--dynamic and --batch apply to plain ONNX exports; {args.target} programs "
+                         f"{'of the SAM 2.1 split ' if _is_edge_split(model) else ''}have fixed shapes (batch 1)")
     manifest = export_edge(model, out, args.target, validate=not args.no_validate,
                            progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     for name, row in manifest["files"].items():
@@ -233,6 +242,17 @@ def _size_generics(args: argparse.Namespace) -> dict[str, int]:
     raise CardError(f"--size: {family.name} is bound at its checkpoint's image size (it cannot be rebound)")
 
 
+def _generic_list(text: str) -> list[str]:
+    """``--dynamic B,Pts`` (or ``none``): generic names."""
+    if text.strip().lower() == "none":
+        return []
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if not n.isidentifier()]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"expected generic names separated by commas (B,Pts) or none, got {text!r}")
+    return names
+
+
 def _is_edge_split(model: object) -> bool:
     from ..export.edge_sam2 import is_sam2
 
@@ -252,10 +272,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                    "of the program, derived from the declarations. Without a model: one line per "
                                    "model (checked, parameters, entries).",
                        epilog="examples:\n  kestrel inspect\n  kestrel inspect sam-vit-base --parameters\n"
-                              "  kestrel inspect ./my-dinov2-checkpoint\n  kestrel inspect --all",
+                              "  kestrel inspect ./my-dinov2-checkpoint\n  kestrel inspect --all\n"
+                              "  kestrel inspect out/decode_points.onnx   the signature an export carries",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="?", metavar="MODEL",
-                   help="a card name (sam-vit-base), its hub id, or a save_pretrained directory; "
+                   help="a card name (sam-vit-base), its hub id, or a save_pretrained directory; an exported "
+                        "FILE.onnx, FILE.pte or an export's manifest.json (the signatures they carry); "
                         "none: one summary line per model")
     p.add_argument("--all", action="store_true", help="every known model")
     p.add_argument("--parameters", action="store_true", help="every parameter path with its bound shape")
@@ -299,7 +321,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="read the card's weights from this directory")
     p.add_argument("--size", type=types.positive_int, metavar="PX",
                    help="input image size to bind (SAM 2.1: 512 or 1024)")
-    p.add_argument("--batch", type=types.positive_int, default=1, metavar="N",
-                   help="batch size of plain ONNX exports, >= 1 (default 1)")
+    p.add_argument("--batch", type=types.positive_int, metavar="N",
+                   help="fix the batch B of plain ONNX exports at N (default: B stays dynamic)")
+    p.add_argument("--dynamic", type=_generic_list, metavar="B,Pts",
+                   help="the entry generics that stay dynamic axes in ONNX exports, named after them (default: "
+                        "each entry's own, its batch and prompt counts; 'none' fixes all, at 1 or --batch)")
     p.add_argument("--no-validate", action="store_true", help="skip validation.json (no programs are run)")
     p.set_defaults(run=cmd_export)

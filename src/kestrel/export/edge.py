@@ -115,7 +115,7 @@ class EntryRecipe(Recipe):
 
     def programs(self) -> list[mf.Program]:
         if self._programs is None:
-            from .onnx import ExportError, _Entry, entry_inputs
+            from .onnx import ExportError, _Entry, entry_inputs, fixed_signature
 
             progs = []
             for fn in self.entries:
@@ -129,7 +129,8 @@ class EntryRecipe(Recipe):
                 n_out = len(fn.result.items) if hasattr(fn.result, "items") else 1
                 names = ["output"] if n_out == 1 else [f"output{i}" for i in range(n_out)]
                 outputs = mf.program_outputs(module, examples, names)
-                progs.append(mf.Program(fn.pyname, module, ports, outputs, examples))
+                signature = fixed_signature(self.bound, fn, 1, self.dims).to_json()  # kestrel.exported.load reads it
+                progs.append(mf.Program(fn.pyname, module, ports, outputs, examples, signature=signature))
             self._programs = progs
         return self._programs
 
@@ -305,13 +306,16 @@ def read_table(path: Path, shape: Sequence[int]) -> torch.Tensor:
 
 
 def _write_onnx(program: mf.Program, path: Path) -> dict[str, Any]:
-    from .onnx import ExportError, _quiet
+    from ..runtime.signature import Signature
+    from .onnx import ExportError, _quiet, carry_signature
 
     try:
         with torch.no_grad(), _quiet():
             onnx_program = torch.onnx.export(
                 program.module, tuple(program.examples), None, input_names=[p.name for p in program.inputs],
                 output_names=[p.name for p in program.outputs], dynamo=True, verbose=False, report=False)
+            if program.signature is not None:  # the program carries its types (kestrel.exported.load)
+                carry_signature(onnx_program, Signature.from_json(program.signature))
             onnx_program.save(path, external_data=False)
     except Exception as e:
         lines = str(e).strip().splitlines()

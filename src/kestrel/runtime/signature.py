@@ -220,7 +220,7 @@ def _explain(port: Port, raw: TensorType, declared: TensorType, shape: tuple[int
         value = binding.dims[name].value
         if source[name] == EXPORTED:
             return (f"{port.name} has {name} = {got}, but the program was exported with {name} = {value} "
-                    f"(fixed: export with --dynamic {name} to vary it)")
+                    f"(fixed at export; an ONNX export with --dynamic {name} keeps it dynamic)")
         return f"{port.name} has {name} = {got}, {source[name]} has {name} = {value}"
     if name is not None and name in bound:
         return f"{port.name} has {name} = {got}, the model binds {name} = {bound[name]}"
@@ -239,13 +239,14 @@ def _explain(port: Port, raw: TensorType, declared: TensorType, shape: tuple[int
 
 def entry_signature(model: Any, fn: FnDecl, dynamic: Sequence[str] = (), fixed: Mapping[str, int] | None = None, *,
                     name: str | None = None, input_names: Sequence[str] | None = None,
-                    output_names: Sequence[str] | None = None, results: Sequence[str] | None = None) -> Signature:
+                    output_names: Sequence[str] | None = None,
+                    results: Sequence[str | TensorType] | None = None) -> Signature:
     """The signature of a program that runs ``fn`` of the bound ``model`` (a Block).
 
     ``dynamic``: the entry's generics left dynamic; ``fixed``: values of the others (every entry
     generic must be one or the other). ``name``, ``input_names`` and ``output_names`` rename the
     program and its ports; ``results`` replaces the declared result types (notation in the
-    block's and the entry's generics) for a program that reshapes an entry's results.
+    block's and the entry's generics, or types) for a program that reshapes an entry's results.
     """
     decl = type(model).decl()
     fixed = dict(fixed or {})
@@ -274,7 +275,7 @@ def entry_signature(model: Any, fn: FnDecl, dynamic: Sequence[str] = (), fixed: 
     if results is not None:
         scope = Scope(dims={g.name for g in decl.generics if g.is_dim} | set(own),
                       dtypes={g.name: DTypeVar(g.name, g.kind.name) for g in decl.generics if g.is_dtype})
-        parsed = [parse_type(r, scope, decl.order) for r in results]
+        parsed = [parse_type(r, scope, decl.order) if isinstance(r, str) else r for r in results]
         result: Any = TupleType(tuple(parsed)) if len(parsed) > 1 else parsed[0]  # type: ignore[arg-type]
     else:
         result = fn.result
