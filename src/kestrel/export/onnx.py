@@ -293,11 +293,18 @@ def _export_entry(model: Block, plan: EntryPlan, out: Path, opset: int | None, v
         raise ExportError(f"{qual}: the example inputs {[s.shape for s in specs]} do not run: {e}") from e
 
     try:
+        # torch.export first, here: torch.onnx.export would fall back to strategies that quietly fix a
+        # dynamic axis the program specialises; torch.export refuses that, and names the generic
+        with torch.no_grad(), _quiet():
+            traced = torch.export.export(_Entry(model, name), tuple(inputs), dynamic_shapes=plan.dynamic_shapes,
+                                         strict=False)
+    except Exception as e:
+        raise ExportError(f"{qual}: {_export_failure(e, plan)}") from e
+    try:
         with torch.no_grad(), _quiet():
             program = torch.onnx.export(
-                _Entry(model, name), tuple(inputs), None, input_names=[s.name for s in specs],
-                output_names=output_names, dynamic_shapes=plan.dynamic_shapes, opset_version=opset, dynamo=True,
-                verbose=False, report=False)
+                traced, tuple(inputs), None, input_names=[s.name for s in specs],
+                output_names=output_names, opset_version=opset, dynamo=True, verbose=False, report=False)
     except Exception as e:
         cause = str(e).strip().splitlines()
         raise ExportError(f"{qual}: torch.onnx.export failed: {type(e).__name__}: "
@@ -325,6 +332,24 @@ def _export_entry(model: Block, plan: EntryPlan, out: Path, opset: int | None, v
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out / filename, row
+
+
+def _export_failure(e: BaseException, plan: EntryPlan) -> str:
+    """Why torch.export refused: a dynamic generic the program specialises is named, with the fix."""
+    text = str(e)
+    fixed = [g for g in plan.signature.dynamic
+             if f"Constraints violated ({g})" in text or f"marked {g} as dynamic" in text]
+    if fixed:
+        g = fixed[0]
+        return (f"{g} cannot stay dynamic: the program's code fixes it at the traced value {plan.binding[g]} "
+                f"(torch.export: {_first_line(text)}); export with {g} fixed (--dynamic without {g}"
+                f"{', or --batch N' if g == 'B' else ''})")
+    return f"torch.export failed: {type(e).__name__}: {_first_line(text)}"
+
+
+def _first_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[0] if lines else ""
 
 
 def carry_signature(program: Any, sig: Signature) -> None:
@@ -357,7 +382,12 @@ def verify_program(path: Path, sig: Signature, reference: Callable[..., Any], tr
         if say is not None:
             say(f"{path.name}: checking at {shown}")
         inputs = example_inputs(specs, binding, seed=1)
-        got = session.run(None, {s.name: t.numpy() for s, t in zip(specs, inputs)})
+        try:
+            got = session.run(None, {s.name: t.numpy() for s, t in zip(specs, inputs)})
+        except Exception as e:  # a size the traced program fixed where the signature says dynamic
+            raise ExportError(f"{sig.qualname} ({path.name}) at {shown}: onnxruntime cannot run the exported "
+                              f"program ({_first_line(str(e))[:300]}): it does not hold at every value of "
+                              f"{', '.join(sig.dynamic)}") from e
         with torch.no_grad():
             want = reference(*inputs)
         want = list(want) if isinstance(want, (tuple, list)) else [want]

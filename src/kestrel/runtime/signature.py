@@ -225,6 +225,8 @@ def _explain(port: Port, raw: TensorType, declared: TensorType, shape: tuple[int
     if name is not None and name in bound:
         return f"{port.name} has {name} = {got}, the model binds {name} = {bound[name]}"
     want = substitute(declared.dims[axis], binding.dims)  # type: ignore[arg-type]
+    if not want.is_const:
+        return f"{port.name} axis {axis}: cannot infer {', '.join(s.name for s in want.symbols())} from {got}"
     said = [f"{s.name} = {binding.dims[s.name].value} from {source.get(s.name, 'the model')}"
             for s in expr.symbols() if s.name in binding.dims]
     said += [f"{s.name} = {bound[s.name]} from the model" for s in expr.symbols() if s.name in bound]
