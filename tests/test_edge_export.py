@@ -286,3 +286,31 @@ def test_any_model_one_program_per_entry(tmp_path):
         manifest = json.loads((out / "manifest.json").read_text())
         assert set(manifest["files"]) == {f"forward{suffix}", f"features{suffix}"}
         assert json.loads((out / "validation.json").read_text())["summary"]["passed"]
+
+
+def test_programs_carry_their_signatures(export_dir, manifest, capsys):
+    """Issue 26: each program's typed signature in the manifest, its ports the program's own, and
+    ``kestrel.exported.load`` of the portable twin checking calls before executorch.runtime runs them."""
+    import kestrel.exported
+    from kestrel.runtime.signature import SignatureError
+
+    for name, row in manifest["export"]["programs"].items():
+        sig = row["signature"]
+        assert [(p["name"], p["shape"]) for p in sig["inputs"]] == [(p["name"], p["shape"]) for p in row["inputs"]]
+        assert [(p["name"], p["shape"]) for p in sig["outputs"]] == [(p["name"], p["shape"]) for p in row["outputs"]]
+        assert sig["dynamic"] == [] and sig["fixed"]["B"] == 1, name
+    decoder = kestrel.exported.load(export_dir / "sam2_decoder_portable.pte")
+    assert decoder.runtime == "executorch" and decoder.signature.fixed == {"B": 1, "Pts": 1, "N": 3}
+    e, hd = SIZE // 16, 32
+    torch.manual_seed(0)
+    inputs = [torch.randn(1, hd, e, e), torch.randn(1, hd, e, e), torch.randn(1, 1, 3, hd), torch.randn(1, hd, e, e),
+              torch.randn(1, hd, 4 * e, 4 * e), torch.randn(1, hd, 2 * e, 2 * e)]
+    masks, iou, obj = decoder(*inputs)
+    assert masks.shape == (1, 3, 4 * e, 4 * e) and iou.shape == (1, 1, 3) and obj.shape == (1, 1, 1)
+    with pytest.raises(SignatureError, match="sparse has N = 4, but the program was exported with N = 3"):
+        decoder(*inputs[:2], torch.randn(1, 1, 4, hd), *inputs[3:])
+    with pytest.raises(SignatureError, match="hr0 has B = 2, but the program was exported with B = 1"):
+        decoder(*inputs[:4], torch.randn(2, hd, 4 * e, 4 * e), inputs[5])
+    assert main(["inspect", str(export_dir / "manifest.json")]) == 0
+    out = capsys.readouterr().out
+    assert "sam2_decoder.pte, sam2_decoder_portable.pte: sam2::Model.sam2_decoder" in out

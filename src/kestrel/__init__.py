@@ -5,7 +5,8 @@
 >>> logits = vit.forward(pixels)                        # Tensor[B, Classes; T], checked at the call
 """
 
+from . import exported  # kestrel.exported.load(path): exported programs, calls checked
 from .runtime.load import from_config, load
 
 __version__ = "0.1.0"
-__all__ = ["from_config", "load"]
+__all__ = ["exported", "from_config", "load"]

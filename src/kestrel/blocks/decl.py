@@ -110,6 +110,15 @@ class FnDecl:
         return values
 
 
+def format_signature(fn: FnDecl, order: AtomOrder | None = None) -> str:
+    """``name<B: Dim>(x: Tensor[...]) -> Tensor[...]``: an entry as the seeds print it (the inspector's
+    listings and the signatures exported programs carry both print with this)."""
+    generics = ", ".join(f"*{n}: Shape" if k == "Shape" else f"{n}: Dim" for n, k in fn.generics)
+    params = ", ".join(f"{n}: {t.format(order)}" for n, t in fn.params)
+    head = f"{fn.name}<{generics}>" if generics else fn.name
+    return f"{head}({params}) -> {fn.result.format(order)}"
+
+
 def _fact_names(f: Fact) -> set[str]:
     return {s.name for s in (f.lhs - f.rhs).symbols()} | {s.name for s in f.lhs.symbols()}
 

@@ -24,6 +24,7 @@ from .options import (
     Choice,
     Command,
     ExistingDir,
+    GenericNames,
     Int,
     ModelRef,
     NewFile,
@@ -165,6 +166,11 @@ def cmd_summary() -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from ..inspect.exported import inspect_exported, is_export_file
+
+    if args.model and is_export_file(args.model):  # an exported .onnx/.pte or an export's manifest.json
+        print(inspect_exported(args.model, as_json=args.json))
+        return 0
     if args.all and args.model:
         raise UsageError("give a model or --all, not both")
     if not args.all and not args.model:
@@ -230,9 +236,14 @@ def _export(args: argparse.Namespace, out: Path) -> int:
     if args.target == "onnx" and capabilities.of(model).recipe == "entries":
         from ..export.onnx import export_onnx
 
-        for path in export_onnx(model, out, batch=args.batch):
+        for path in export_onnx(model, out, batch=args.batch, dynamic=args.dynamic, verify=not args.no_validate,
+                                progress=lambda msg: print(msg, file=sys.stderr, flush=True)):
             print(path)
         return 0
+    if args.dynamic is not None or args.batch is not None:
+        split = capabilities.of(model).recipe != "entries"
+        raise UsageError(f"--dynamic and --batch apply to plain ONNX exports; {args.target} programs "
+                         f"{'of the SAM 2.1 split ' if split else ''}have fixed shapes (batch 1)")
     manifest = export_edge(model, out, args.target, validate=not args.no_validate,
                            progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     for name, row in manifest["files"].items():
@@ -282,9 +293,11 @@ register(Command(
                 "of the program, derived from the declarations. Without a model: one line per "
                 "model (checked, parameters, entries).",
     epilog="examples:\n  kestrel inspect\n  kestrel inspect sam-vit-base --parameters\n"
-           "  kestrel inspect ./my-dinov2-checkpoint\n  kestrel inspect --all",
-    options=[Option("model", ModelRef(metavar="MODEL"), nargs="?",
-                    help="a card name (sam-vit-base), its hub id, or a save_pretrained directory; "
+           "  kestrel inspect ./my-dinov2-checkpoint\n  kestrel inspect --all\n"
+           "  kestrel inspect out/decode_points.onnx   the signature an export carries",
+    options=[Option("model", ModelRef(metavar="MODEL", exported=True), nargs="?",
+                    help="a card name (sam-vit-base), its hub id, or a save_pretrained directory; an exported "
+                         "FILE.onnx, FILE.pte or an export's manifest.json (the signatures they carry); "
                          "none: one summary line per model"),
              Option("--all", help="every known model"),
              Option("--parameters", help="every parameter path with its bound shape"),
@@ -328,6 +341,9 @@ register(Command(
              Option("--size", PixelSize(),
                     help="input image size to bind (SAM 2.1: a multiple of 32, 512 or 1024; ViT/DINOv2: a "
                          "multiple of the patch size)"),
-             Option("--batch", PositiveInt(4096), default=1,
-                    help="batch size of plain ONNX exports, 1 to 4096 (default 1)"),
+             Option("--batch", PositiveInt(4096),
+                    help="fix the batch B of plain ONNX exports at N, 1 to 4096 (default: B stays dynamic)"),
+             Option("--dynamic", GenericNames(),
+                    help="the entry generics that stay dynamic axes in ONNX exports, named after them (default: "
+                         "each entry's own, its batch and prompt counts; 'none' fixes all, at 1 or --batch)"),
              Option("--no-validate", help="skip validation.json (no programs are run)")]))

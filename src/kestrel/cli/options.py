@@ -55,6 +55,7 @@ __all__ = [
     "ExistingFile",
     "ExistingPath",
     "Float",
+    "GenericNames",
     "Host",
     "ImageFile",
     "Int",
@@ -668,12 +669,20 @@ def _write_reason(text: str, folder: bool) -> str | None:
     return None
 
 
+def _is_export_file(path: str) -> bool:
+    from ..inspect.exported import is_export_file  # the rule ``kestrel inspect`` applies
+
+    return is_export_file(path)
+
+
 @dataclass(frozen=True)
 class ModelRef(Kind):
-    """A card name, a hub id (``org/name``) or a ``save_pretrained`` folder."""
+    """A card name, a hub id (``org/name``) or a ``save_pretrained`` folder; with ``exported``, also an
+    exported program file (``.onnx``, ``.pte``) or an export's ``manifest.json``."""
 
     expect: str = "a card name, hub id (org/name) or save_pretrained folder"
     metavar: str | None = "NAME|DIR"
+    exported: bool = False
 
     def parse(self, text: str) -> str:
         if not text.strip() or "\x00" in text:
@@ -681,8 +690,10 @@ class ModelRef(Kind):
         reason = special_file_reason(text) if os.path.lexists(text) else None
         if os.path.islink(text) and not os.path.exists(text):
             reason = f"a dangling symbolic link (to {shown(os.readlink(text))})"
-        elif reason is None and os.path.isfile(text):
+        elif reason is None and os.path.isfile(text) and not (self.exported and _is_export_file(text)):
             reason = "a file; give the checkpoint folder (with config.json and *.safetensors)"
+            if self.exported:
+                reason += ", or an exported .onnx, .pte or manifest.json"
         if reason:
             raise Bad(f"{shown(text, PATH_LIMIT)}: {reason}")
         return text
@@ -690,6 +701,26 @@ class ModelRef(Kind):
     @property
     def bad(self) -> tuple[str, ...]:
         return ("empty", "spaces", "file", "fifo", "dangling")
+
+
+@dataclass(frozen=True)
+class GenericNames(Kind):
+    """Comma-separated generic names (``B,Pts``), or ``none`` for the empty list."""
+
+    expect: str = "generic names separated by commas (B,Pts), or none"
+    metavar: str | None = "B,Pts"
+
+    def parse(self, text: str) -> list[str]:
+        if text.strip().lower() == "none":
+            return []
+        names = [n.strip() for n in text.split(",")]
+        if not text.strip() or any(not n.isidentifier() for n in names):
+            raise Bad(f"expected {self.expect}, got {shown(text)}")
+        return names
+
+    @property
+    def bad(self) -> tuple[str, ...]:
+        return ("empty", "spaces", "nul")
 
 
 # ----------------------------------------------------------------------------------- declarations

@@ -182,13 +182,16 @@ def write_table(path: Path, table: torch.Tensor) -> None:
 
 
 def _write_onnx(program: mf.Program, path: Path) -> dict[str, Any]:
-    from .onnx import ExportError, _quiet
+    from ..runtime.signature import Signature
+    from .onnx import ExportError, _quiet, carry_signature
 
     try:
         with torch.no_grad(), _quiet():
             onnx_program = torch.onnx.export(
                 program.module, tuple(program.examples), None, input_names=[p.name for p in program.inputs],
                 output_names=[p.name for p in program.outputs], dynamo=True, verbose=False, report=False)
+            if program.signature is not None:  # the program carries its types (kestrel.exported.load)
+                carry_signature(onnx_program, Signature.from_json(program.signature))
             onnx_program.save(path, external_data=False)
     except Exception as e:
         lines = str(e).strip().splitlines()

@@ -73,6 +73,25 @@ class Sam2Decoder(nn.Module):
         return masks.reshape(b, pts * k, h, w), iou, obj
 
 
+def split_signatures(model: Any, tokens: int = TOKENS) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The signatures the two programs carry (``kestrel.exported.load``, the page's checks): the
+    entries ``encode_image`` and ``decode_tokens`` at ``B = 1``, ``Pts = 1``, ``N = tokens``, the
+    decoder's masks merged as :class:`Sam2Decoder` returns them."""
+    from ..runtime.signature import entry_signature
+    from ..types.tensor import TensorType
+
+    decl = type(model).decl()
+    encode, decode = decl.function("encode_image"), decl.function("decode_tokens")
+    masks, *rest = decode.result.items
+    b, pts, k, h, w = masks.dims
+    merged = TensorType((b, pts * k, h, w), masks.dtype)
+    enc = entry_signature(model, encode, (), {"B": 1}, name="sam2_encoder", input_names=["pixels"],
+                          output_names=["image_embeddings", "hr0", "hr1"])
+    dec = entry_signature(model, decode, (), {"B": 1, "Pts": 1, "N": tokens}, name="sam2_decoder",
+                          output_names=["masks", "iou_scores", "object_score_logits"], results=[merged, *rest])
+    return enc.to_json(), dec.to_json()
+
+
 @dataclass(frozen=True)
 class NamedPrompt:
     """A validation prompt: its name, and the prompt in model-input pixels."""
@@ -229,10 +248,12 @@ class Sam2Recipe(Recipe):
         dec_out = mf.program_outputs(dec, dec_inputs, ["masks", "iou_scores", "object_score_logits"],
                                      {"masks": "logits, mask tokens 1..3"})
         names = ["image_embeddings", "image_pe", "sparse", "dense", "hr0", "hr1"]
+        enc_sig, dec_sig = split_signatures(m, self.tokens)
         self._programs = [
-            mf.Program("sam2_encoder", enc, [mf.Port("pixels", tuple(pixels.shape))], enc_out, [pixels]),
+            mf.Program("sam2_encoder", enc, [mf.Port("pixels", tuple(pixels.shape))], enc_out, [pixels],
+                       signature=enc_sig),
             mf.Program("sam2_decoder", dec, [mf.Port(n, tuple(t.shape)) for n, t in zip(names, dec_inputs)],
-                       dec_out, dec_inputs, {"prompt_tokens": self.tokens}),
+                       dec_out, dec_inputs, {"prompt_tokens": self.tokens}, dec_sig),
         ]
         del e, hd
         return self._programs

@@ -53,10 +53,16 @@ class Program:
     outputs: list[Port]
     examples: list[torch.Tensor]
     extra: dict[str, Any] = field(default_factory=dict)  # more keys of the manifest's program row
+    # the typed signature the program carries (kestrel.runtime.signature): the entry in the seeds'
+    # notation, generics bound, where facts, each port's type; what kestrel.exported.load checks with
+    signature: dict[str, Any] | None = None
 
     def row(self) -> dict[str, Any]:
-        return {"method": "forward", **self.extra, "inputs": [p.row() for p in self.inputs],
-                "outputs": [p.row() for p in self.outputs]}
+        row = {"method": "forward", **self.extra, "inputs": [p.row() for p in self.inputs],
+               "outputs": [p.row() for p in self.outputs]}
+        if self.signature is not None:
+            row["signature"] = self.signature
+        return row
 
 
 def program_outputs(module: nn.Module, examples: Sequence[torch.Tensor], names: Sequence[str],

@@ -79,7 +79,7 @@ class EntryRecipe(Recipe):
 
     def programs(self) -> list[mf.Program]:
         if self._programs is None:
-            from .onnx import ExportError, _Entry, entry_inputs
+            from .onnx import ExportError, _Entry, entry_inputs, fixed_signature
 
             progs = []
             for fn in self.entries:
@@ -93,7 +93,8 @@ class EntryRecipe(Recipe):
                 n_out = len(fn.result.items) if hasattr(fn.result, "items") else 1
                 names = ["output"] if n_out == 1 else [f"output{i}" for i in range(n_out)]
                 outputs = mf.program_outputs(module, examples, names)
-                progs.append(mf.Program(fn.pyname, module, ports, outputs, examples))
+                signature = fixed_signature(self.bound, fn, 1, self.dims).to_json()  # kestrel.exported.load reads it
+                progs.append(mf.Program(fn.pyname, module, ports, outputs, examples, signature=signature))
             self._programs = progs
         return self._programs
 

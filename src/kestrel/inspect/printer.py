@@ -6,7 +6,7 @@ Everything printed is derived from the declarations (and, for generics, the chec
 from __future__ import annotations
 
 from ..blocks.block import REGISTRY, Block
-from ..blocks.decl import BlockDecl, FnDecl, GenericDecl, ParamDecl, SubDecl
+from ..blocks.decl import BlockDecl, GenericDecl, ParamDecl, SubDecl, format_signature
 from ..checker.check import program_blocks
 from ..shapes.poly import AtomOrder, Poly, format_poly
 from ..types.dtypes import DTypeKind
@@ -26,14 +26,6 @@ def format_sub_type(sub: SubDecl, order: AtomOrder) -> str:
     if sub.count is not None:
         text = f"[{text}; {format_poly(sub.count, order)}]"
     return text
-
-
-def format_signature(fn: FnDecl, order: AtomOrder) -> str:
-    """``name<B: Dim>(x: Tensor[...]) -> Tensor[...]``."""
-    generics = ", ".join(f"*{n}: Shape" if k == "Shape" else f"{n}: Dim" for n, k in fn.generics)
-    params = ", ".join(f"{n}: {t.format(order)}" for n, t in fn.params)
-    head = f"{fn.name}<{generics}>" if generics else fn.name
-    return f"{head}({params}) -> {fn.result.format(order)}"
 
 
 _KEYWORD = {"entry": "pub entry", "pub": "pub fn", "private": "fn"}

@@ -88,6 +88,13 @@ def _attend(q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, rh: torch.Tens
     n, m = q3.shape[1], k3.shape[1]
     scale = q3.shape[-1] ** -0.5
     per_head = n * m * q3.element_size()
+    if not fast:  # traced, compiled or differentiated: row slices across every batch and head at once, so
+        # that no size of the graph depends on the leading axis (a batch torch.export keeps dynamic)
+        rows = max(1, budget // (m * q3.element_size()))
+        for r0 in range(0, n, rows):
+            r = slice(r0, r0 + rows)
+            _slice(q3[:, r], k3, v3, rh[:, r], rw[:, r], scale, out[:, r], None)
+        return
     if per_head <= budget:  # several whole heads per slice
         step = min(q3.shape[0], max(1, budget // per_head))
         scores = q3.new_empty(step, n, m) if fast else None

@@ -9,6 +9,7 @@ import * as ort from '/vendor/ort.all.min.mjs';
 import { composeTokens, fitPrompt, toModelFrame, FOREGROUND, BACKGROUND } from '/static/composer.js';
 import { normalize, resizeBilinear } from '/static/pixels.js';
 import { inspectImage } from '/static/imageinfo.js';
+import { checkCall } from '/static/signature.js';
 
 const TABLES = {
   gaussian: 'prompt_gaussian.bin', point_fg: 'prompt_point_embed_fg.bin', point_bg: 'prompt_point_embed_bg.bin',
@@ -61,6 +62,11 @@ function program(role) {
   const name = Object.keys(programs).find((k) => k.endsWith('.onnx') && k.includes(role));
   if (!name) throw new Error(`the export has no ONNX ${role} program; export it with --target onnx`);
   return { name, spec: programs[name] };
+}
+
+// The call checked against the signature the program carries (signature.js), before onnxruntime-web.
+function checked({ name, spec }, feeds) {
+  if (spec.signature) checkCall(spec.signature, feeds, name);
 }
 
 async function chooseBackend() {
@@ -167,7 +173,9 @@ async function encodeInPage(ctx) {
   const size = state.size;
   const pixels = normalize(resizeBilinear(rgba, state.width, state.height, size, size), size, IMAGENET);
   const input = state.encoder.inputNames[0];
-  const out = await state.encoder.run({ [input]: new ort.Tensor('float32', pixels, [1, 3, size, size]) });
+  const feeds = { [input]: new ort.Tensor('float32', pixels, [1, 3, size, size]) };
+  checked(program('encoder'), feeds);
+  const out = await state.encoder.run(feeds);
   const [embeddings, hr0, hr1] = state.encoder.outputNames.map((n) => out[n]);
   return { image_embeddings: embeddings, hr0, hr1 };
 }
@@ -230,6 +238,7 @@ async function decode(clickedAt = performance.now()) {
     hr0: features.hr0,
     hr1: features.hr1,
   };
+  checked(program('decoder'), feeds);  // a mismatched prompt is refused here, in Kestrel's words
   const t0 = performance.now();
   const out = await state.decoder.run(feeds);
   const ms = performance.now() - t0;
