@@ -17,8 +17,10 @@ LAYERS = ("errors", "kernels", "shapes", "types", "blocks", "checker", "std", "m
 # Applications beside cli: they may import every layer but cli and each other; cli, their command line, may
 # import them.
 APPLICATIONS = ("site", "web", "scale")
-# ``kestrel`` itself (``kestrel.load``) is the runtime's public face
+# ``kestrel`` itself (``kestrel.load``) is the runtime's public face, and so is ``kestrel.exported`` (a module
+# beside the packages, re-exporting ``kestrel.runtime.exported``)
 ROOT_LAYER = "runtime"
+ROOT_MODULES = {"exported": "runtime"}
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:
@@ -59,7 +61,7 @@ def _imports(name: str) -> list[tuple[str, int]]:
 
 def _layer(module: str) -> str:
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 else ROOT_LAYER
+    return ROOT_MODULES.get(parts[1], parts[1]) if len(parts) > 1 else ROOT_LAYER
 
 
 def _allowed(src: str, dst: str) -> bool:

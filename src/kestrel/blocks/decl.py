@@ -284,9 +284,9 @@ def _read_layout(name: str, spec: LayoutSpec, layout: Any, decl: BlockDecl, line
 def block_bases(cls: type) -> list[type]:
     """The blocks ``cls`` is made of, the most basic first and ``cls`` last (its MRO, reversed,
     without ``Block`` itself and the ``torch`` classes below it)."""
-    from .block import Block
-
-    return [c for c in reversed(cls.__mro__) if issubclass(c, Block) and c is not Block]
+    # every block subclass sets ``_kestrel_module`` in its own namespace, ``Block`` itself does not (and
+    # blocks.block imports this module, not back)
+    return [c for c in reversed(cls.__mro__) if "_kestrel_module" in c.__dict__]
 
 
 def _class_value(bases: list[type], name: str) -> Any:
