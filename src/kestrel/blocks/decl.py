@@ -188,17 +188,23 @@ def read_block(cls: type, module: str) -> BlockDecl:
         lines, first = [], 0
     member_line = _member_lines(lines, first)
     annotations = _class_annotations(cls)
+    bases = _block_bases(cls)
+    if bases:  # a block extending another block: the base's declarations first, then its own
+        inherited: dict[str, Any] = {}
+        for base in bases:
+            inherited.update(_class_annotations(base))
+        annotations = {**inherited, **annotations}
 
     generics: list[GenericDecl] = []
     for name, ann in annotations.items():
         if ann is Dim or ann is Shape or isinstance(ann, DTypeKind):
-            default = cls.__dict__.get(name)
+            default = _own_value(cls, bases, name)
             if default is not None and not isinstance(default, DType):
                 raise DeclarationError(f"default of generic {name} must be a dtype", file, member_line.get(name))
             generics.append(GenericDecl(name, ann, default))
 
     decl = BlockDecl(cls.__name__, module, cls, generics, file=file, line=first)
-    decl.settings = {n: cls.__dict__.get(n) for n, a in annotations.items() if a in (float, int, str, bool)}
+    decl.settings = {n: _own_value(cls, bases, n) for n, a in annotations.items() if a in (float, int, str, bool)}
     scope = decl.scope()
 
     for name, ann in annotations.items():
@@ -215,13 +221,16 @@ def read_block(cls: type, module: str) -> BlockDecl:
         except DimParseError as e:
             raise DeclarationError(f"in {decl.qualname}.{name}: {e}", file, line) from None
 
-    for pyname, fn in cls.__dict__.items():
+    functions: dict[str, Any] = {}
+    for klass in (*bases, cls):
+        functions.update(klass.__dict__)
+    for pyname, fn in functions.items():
         if inspect.isfunction(fn) and not pyname.startswith("__") and fn.__annotations__:
             decl.functions.append(_read_function(pyname, fn, decl))
 
     # read after the functions: a fact may name a function's own dims (``H + 2 * Pad >= K``), and is
     # then a precondition of each function that has them, proved by every caller
-    where_text = cls.__dict__.get("where", "")
+    where_text = ", ".join(w for w in (k.__dict__.get("where", "") for k in (*bases, cls)) if w)
     if where_text:
         fn_dims = {n for f in decl.functions for n in f.free_dims}
         try:
@@ -229,6 +238,20 @@ def read_block(cls: type, module: str) -> BlockDecl:
         except DimParseError as e:
             raise DeclarationError(f"in {decl.qualname} where clause: {e}", file, member_line.get("where")) from None
     return decl
+
+
+def _block_bases(cls: type) -> list[type]:
+    """The blocks ``cls`` extends, most basic first (``class VideoModel(sam2.Model)``); ``Block`` itself
+    and ``nn.Module`` declare nothing."""
+    return [k for k in reversed(cls.__mro__[1:]) if "_kestrel_module" in k.__dict__]
+
+
+def _own_value(cls: type, bases: list[type], name: str) -> Any:
+    """A class attribute as the block or the nearest block it extends sets it (not ``nn.Module``'s)."""
+    for klass in (cls, *reversed(bases)):
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return None
 
 
 def _class_annotations(cls: type) -> dict[str, Any]:
