@@ -278,7 +278,7 @@ FAMILY = Family(
 )
 
 _TINY = {
-    "model_type": "sam2",
+    "model_type": "sam2_video",  # the hub repo's config: Sam2VideoModel (the memory's settings are the defaults)
     "vision_config": {
         "model_type": "sam2_vision_model",
         "backbone_config": {
