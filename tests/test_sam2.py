@@ -395,7 +395,8 @@ def test_single_mask_choice_matches_upstream_on_both_branches(encoded_512):
 
 
 def test_a_video_model_config_binds_the_image_path():
-    """The hub's SAM 2.1 checkpoints are Sam2VideoModel's (model_type sam2_video): same image path."""
+    """The hub's SAM 2.1 checkpoints are Sam2VideoModel's (model_type sam2_video): the same image path,
+    and the memory (``test_sam2_video.py``) bound too."""
     from transformers import Sam2VideoConfig
 
     from kestrel.models.cards import family_for_config
@@ -404,7 +405,10 @@ def test_a_video_model_config_binds_the_image_path():
     cfg = Sam2VideoConfig().to_dict()
     family = family_for_config(cfg, "config.json")
     assert family.name == "sam2"
-    assert family.generics(cfg) == {k: v for k, v in CARDS["sam2.1-hiera-tiny"].generics().items() if k != "T"}
+    image = {k: v for k, v in CARDS["sam2.1-hiera-tiny"].generics().items() if k != "T"}
+    assert {k: v for k, v in family.generics(cfg).items() if k in image} == image
     rows = bindings(cfg)
-    assert rows("memory_attention.layers.0.self_attn.q_proj.weight") is None
+    path = "memory_attention.layers.0.self_attn.q_proj.weight"
+    assert rows(path) == path
+    assert bindings({**cfg, "model_type": "sam2"})(path) is None  # an image config binds the image path only
     assert rows("vision_encoder.backbone.blocks.11.attn.qkv.weight") == "backbone.stage_3_0.0.attn.qkv.weight"

@@ -455,6 +455,16 @@ class MaskDecoder(Block):
         hr0: "Tensor[B, Hd, 4 * E, 4 * E; T]", hr1: "Tensor[B, Hd, 2 * E, 2 * E; T]",
         bias: "Tensor[B, Pts, 1, 1, 6 + N; T]",
     ) -> "(Tensor[B, Pts, 4, 4 * E, 4 * E; T], Tensor[B, Pts, 4; T], Tensor[B, Pts, 1; T])":
+        masks, iou, obj, _ = self.with_tokens(image_embeddings, image_pe, sparse, dense, hr0, hr1, bias)
+        return masks, iou, obj
+
+    def with_tokens(
+        self, image_embeddings: "Tensor[B, Hd, E, E; T]", image_pe: "Tensor[B, Hd, E, E; T]",
+        sparse: "Tensor[B, Pts, N, Hd; T]", dense: "Tensor[B, Hd, E, E; T]",
+        hr0: "Tensor[B, Hd, 4 * E, 4 * E; T]", hr1: "Tensor[B, Hd, 2 * E, 2 * E; T]",
+        bias: "Tensor[B, Pts, 1, 1, 6 + N; T]",
+    ) -> "(Tensor[B, Pts, 4, 4 * E, 4 * E; T], Tensor[B, Pts, 4; T], Tensor[B, Pts, 1; T], Tensor[B, Pts, 4, Hd; T])":
+        """``forward``'s answer and the four mask tokens' outputs (the video model's object pointers)."""
         B, Pts, _, _ = sparse.shape
         hd, e = self.Hd, self.E
         out = ops.cat([self.obj_score_token, self.iou_token, self.mask_tokens], dim=0)
@@ -478,7 +488,7 @@ class MaskDecoder(Block):
         hyper = ops.stack([mlps[i](queries[:, :, 2 + i, :]) for i in range(MASK_TOKENS)], dim=2)
         masks = ops.matmul(hyper, up).reshape(B, Pts, MASK_TOKENS, 4 * e, 4 * e)
         iou = ops.sigmoid(self.iou_prediction_head(queries[:, :, 1, :]))
-        return masks, iou, self.pred_obj_score_head(queries[:, :, 0, :])
+        return masks, iou, self.pred_obj_score_head(queries[:, :, 0, :]), queries[:, :, 2:2 + MASK_TOKENS, :]
 
     def select_single(
         self, masks: "Tensor[B, Pts, 4, 4 * E, 4 * E; T]", iou: "Tensor[B, Pts, 4; T]"
@@ -566,15 +576,7 @@ class Model(HieraSizes):
     ) -> "(Tensor[B, Pts, 4, 4 * E, 4 * E; T], Tensor[B, Pts, 4; T], Tensor[B, Pts, 1; T])":
         """All four masks (single-mask first), their IoU predictions and the object-score logit for
         ``Pts`` prompts of ``N`` labelled points each."""
-        # as upstream, one "not a point" is appended to every prompt (at the origin, labelled -1)
-        points = ops.pad(input_points + 0.5, [0, 0, 0, 1])
-        labels = ops.pad(input_labels, [0, 1], value=-1).unsqueeze(-1)
-        emb = self._fourier(points / ops.dim_like(points, 16 * self.E), self.prompt_positional_embedding)
-        emb = ops.where(ops.eq(labels, -1), self.not_a_point_embed, emb)
-        emb = ops.where(ops.eq(labels, -10), 0.0, emb)
-        for k in range(4):
-            emb = ops.where(ops.eq(labels, k), emb + self.point_embed[k], emb)
-        return self._decode(image_embeddings, hr0, hr1, emb)
+        return self._decode(image_embeddings, hr0, hr1, self._point_tokens(input_points, input_labels))
 
     @entry
     def decode_boxes(
@@ -614,13 +616,29 @@ class Model(HieraSizes):
         return self._decode(image_embeddings, hr0, hr1, sparse)
 
     def _decode(self, image_embeddings, hr0, hr1, sparse):
+        masks, iou, obj, _ = self._decode_with_tokens(image_embeddings, hr0, hr1, sparse)
+        return masks, iou, obj
+
+    def _decode_with_tokens(self, image_embeddings, hr0, hr1, sparse):
         B, Pts, N, hd = sparse.shape
         e = self.E
         dense = self.dense_prompt().expand(B, hd, e, e)
         image_pe = self.image_positions().expand(B, hd, e, e)
         n = 2 + MASK_TOKENS + N
         bias = (ops.arange_like(sparse, n) * 0.0).reshape(1, 1, 1, 1, n).expand(B, Pts, 1, 1, n)  # no padding
-        return self.mask_decoder(image_embeddings, image_pe, sparse, dense, hr0, hr1, bias)
+        return self.mask_decoder.with_tokens(image_embeddings, image_pe, sparse, dense, hr0, hr1, bias)
+
+    def _point_tokens(self, input_points, input_labels):
+        """Upstream's prompt-encoder tokens of labelled points (one not-a-point appended)."""
+        # as upstream, one "not a point" is appended to every prompt (at the origin, labelled -1)
+        points = ops.pad(input_points + 0.5, [0, 0, 0, 1])
+        labels = ops.pad(input_labels, [0, 1], value=-1).unsqueeze(-1)
+        emb = self._fourier(points / ops.dim_like(points, 16 * self.E), self.prompt_positional_embedding)
+        emb = ops.where(ops.eq(labels, -1), self.not_a_point_embed, emb)
+        emb = ops.where(ops.eq(labels, -10), 0.0, emb)
+        for k in range(4):
+            emb = ops.where(ops.eq(labels, k), emb + self.point_embed[k], emb)
+        return emb
 
     def _fourier(self, coords, table):
         """Random Fourier features ``[sin, cos](2 pi (2c - 1) G)`` of coordinates in [0, 1]."""

@@ -13,7 +13,7 @@ import copy
 from typing import Any
 
 from ...blocks.spec import group_runs
-from .. import sam2
+from .. import sam2, sam2_video
 from ..capabilities import Capabilities
 from .base import IMAGENET_MEAN, IMAGENET_STD, Bindings, Card, Family, pair
 
@@ -123,7 +123,43 @@ def generics(cfg: dict, E: int | None = None) -> dict[str, Any]:
     out.update({f"Pad{i}": _pad(sides[i], wins[i]) for i in range(4)})
     out.update({"Hd": hd, "MaskHeads": decoder.get("num_attention_heads", 8),
                 "MaskInner": decoder.get("mlp_dim", 2048)})
+    if is_video(cfg):
+        out.update(video_generics(cfg, hd, E))
     return out
+
+
+def is_video(cfg: dict) -> bool:
+    """A ``Sam2VideoModel`` config (the hub checkpoints): the program has the memory too."""
+    return cfg.get("model_type") == "sam2_video"
+
+
+_FIXED_VIDEO = {  # Sam2VideoConfig's values that the video program fixes
+    "memory_attention_num_attention_heads": 1, "memory_attention_downsample_rate": 1,
+    "memory_attention_feed_forward_hidden_act": "relu", "mask_downsampler_kernel_size": 3,
+    "mask_downsampler_stride": 2, "mask_downsampler_padding": 1, "mask_downsampler_total_stride": 16,
+    "mask_downsampler_hidden_act": "gelu", "memory_fuser_kernel_size": 7, "memory_fuser_padding": 3,
+    "memory_fuser_hidden_act": "gelu", "enable_temporal_pos_encoding_for_object_pointers": True,
+    "enable_occlusion_spatial_embedding": True,
+}
+
+
+def video_generics(cfg: dict, hd: int, E: int) -> dict[str, Any]:
+    """The memory's generics from a ``Sam2VideoModel`` config (its defaults where it leaves them out)."""
+    _check("sam2_video", cfg, _FIXED_VIDEO)
+    for key in ("memory_attention_hidden_size", "memory_encoder_hidden_size", "mask_downsampler_embed_dim",
+                "memory_fuser_embed_dim"):
+        if cfg.get(key, 256) != hd:
+            raise ValueError(f"SAM 2 video with {key} = {cfg.get(key, 256)} is not supported: the program ties it "
+                             f"to vision_config.fpn_hidden_size = {hd}")
+    mem = int(cfg.get("memory_encoder_output_channels", 64))
+    if mem <= 0 or hd % mem or mem % 4:
+        raise ValueError(f"SAM 2 video needs memory_encoder_output_channels ({mem}) a multiple of 4 dividing "
+                         f"the hidden size {hd}")
+    return {"Mem": mem, "MaskMem": int(cfg.get("num_maskmem", 7)),
+            "MemLayers": int(cfg.get("memory_attention_num_layers", 4)),
+            "MemInner": int(cfg.get("memory_attention_feed_forward_hidden_size", 2048)),
+            "FuserInner": int(cfg.get("memory_fuser_intermediate_dim", 1024)),
+            "FuserLayers": int(cfg.get("memory_fuser_num_layers", 2))}
 
 
 def _block_paths(cfg: dict) -> list[str]:
@@ -163,21 +199,43 @@ def bindings(cfg: dict) -> Bindings:
              r"mask_decoder.\1.\2"),
             (r"mask_decoder\." + _HEAD + r"\.(proj_in|proj_out)\.(weight|bias)", r"mask_decoder.\1.\2.\3"),
             (r"mask_decoder\." + _HEAD + r"\.layers\.0\.(weight|bias)", r"mask_decoder.\1.hidden.\2"),
+            *(_VIDEO_ROWS if is_video(cfg) else ()),
         ),
-        # the mask-prompt encoder serves mask prompts, which no entry takes; the rest is the video
-        # model's memory (a Sam2VideoModel checkpoint holds it), which the image path never reads
+        # the mask-prompt encoder (and mask_downsample) serve mask prompts, which no entry takes;
+        # no_memory_positional_encoding is never read upstream. An image config (model_type sam2)
+        # binds the image path only: a video checkpoint's memory is then left out too
         unused=(r"prompt_encoder\.mask_embed\..*", r"memory_.*", r"mask_downsample\..*", r"object_pointer_proj\..*",
                 r"temporal_positional_encoding_projection_layer\..*", r"no_memory_positional_encoding",
                 r"no_object_pointer", r"occlusion_spatial_embedding_parameter"),
     )
 
 
+_ME = r"memory_encoder\."
+_VIDEO_ROWS = (  # a Sam2VideoModel checkpoint's memory (the program's paths, where they differ)
+    (_ME + r"mask_downsampler\.layers\.(\d+)\.(conv|layer_norm)\.(weight|bias)",
+     r"memory_encoder.mask_downsampler.layer_\1.\2.\3"),
+    (_ME + r"memory_fuser\.layers\.(\d+)\.(.+)", r"memory_encoder.memory_fuser.\1.\2"),
+    (r"(memory_encoder\.(?:mask_downsampler\.final_conv|feature_projection|projection)\.(?:weight|bias))", r"\1"),
+    (r"(memory_attention\.(?:layers\.\d+\.(?:self_attn|cross_attn_image)\.[qkvo]_proj|layers\.\d+\.linear[12]"
+     r"|layers\.\d+\.layer_norm[123]|layer_norm)\.(?:weight|bias))", r"\1"),
+    (r"(memory_temporal_positional_encoding|no_object_pointer|occlusion_spatial_embedding_parameter)", r"\1"),
+    (r"object_pointer_proj\.(proj_in|proj_out)\.(weight|bias)", r"object_pointer_proj.\1.\2"),
+    (r"object_pointer_proj\.layers\.0\.(weight|bias)", r"object_pointer_proj.hidden.\1"),
+    (r"(temporal_positional_encoding_projection_layer\.(?:weight|bias))", r"\1"),
+)
+
+
 def settings(cfg: dict) -> dict[str, Any]:
     bb = _backbone(cfg)
     decoder = cfg.get("mask_decoder_config") or {}
-    return {"eps": bb.get("layer_norm_eps", 1e-6),
-            "stability_delta": decoder.get("dynamic_multimask_stability_delta", 0.05),
-            "stability_thresh": decoder.get("dynamic_multimask_stability_thresh", 0.98)}
+    out = {"eps": bb.get("layer_norm_eps", 1e-6),
+           "stability_delta": decoder.get("dynamic_multimask_stability_delta", 0.05),
+           "stability_thresh": decoder.get("dynamic_multimask_stability_thresh", 0.98)}
+    if is_video(cfg):
+        out.update({"sigmoid_scale": cfg.get("sigmoid_scale_for_mem_enc", 20.0),
+                    "sigmoid_bias": cfg.get("sigmoid_bias_for_mem_enc", -10.0),
+                    "rope_theta": (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)})
+    return out
 
 
 PREPROCESS = {
@@ -189,20 +247,20 @@ PREPROCESS = {
 FAMILY = Family(
     name="sam2",
     model_types=("sam2", "sam2_video"),  # the hub checkpoints are the video model's; the image path is the same
-    root=lambda cfg: sam2.model_for(layout(cfg)),
+    root=lambda cfg: (sam2_video.model_for if is_video(cfg) else sam2.model_for)(layout(cfg)),
     generics=generics,
     bindings=bindings,
     settings=settings,
     resizable=("E",),
     rebind=lambda cfg, given: generics(cfg, **given),
     preprocess=PREPROCESS,
-    description="SAM 2.1 image path: Hiera encoder with FPN neck, point and box prompts, mask decoder",
+    description="SAM 2.1: Hiera encoder with FPN neck, point and box prompts, mask decoder; memory for video",
     license="Apache-2.0",
     capabilities=Capabilities(tasks=("segment",), segmenter="sam2", recipe="sam2-edge", processor="sam2"),
 )
 
 _TINY = {
-    "model_type": "sam2",
+    "model_type": "sam2_video",  # the hub repo's config: Sam2VideoModel (the memory's settings are the defaults)
     "vision_config": {
         "model_type": "sam2_vision_model",
         "backbone_config": {

@@ -89,6 +89,30 @@ def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None, stride: An
     return like(x, [dx[0], dw[0], _conv_out(dx[2], dw[2], as_poly(stride), as_poly(padding), "conv1d", x)])
 
 
+@op("depthwise_conv2d")
+def depthwise_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                     padding: Any = 0) -> torch.Tensor:
+    """Depthwise 2-D convolution, one ``K x K`` filter per channel, stride 1: ``[B, C, H, W] -> [B, C, H', W']``."""
+    return F.conv2d(x, weight, bias, padding=padding, groups=x.shape[1])
+
+
+@depthwise_conv2d.rule
+def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None, padding: Any = 0) -> SymTensor:
+    dx, dw = x.fixed_dims("depthwise_conv2d"), weight.fixed_dims("depthwise_conv2d")
+    if len(dx) != 4 or len(dw) != 4:
+        raise ShapeError(f"depthwise_conv2d takes [B, C, H, W] and [C, 1, KH, KW], got {x.show()} and {weight.show()}")
+    same(dx[1], dw[0], "depthwise_conv2d: the channels differ", x, weight)
+    same(dw[1], Poly.const(1), "depthwise_conv2d: the filter takes one channel", weight)
+    same_dtype(x, weight, "depthwise_conv2d")
+    float_dtype(x, "depthwise_conv2d")
+    positive(dx[1], "depthwise_conv2d: the channels", x)
+    _conv_bias(bias, dw[0], weight, "depthwise_conv2d")
+    p = as_poly(padding)
+    h = _conv_out(dx[2], dw[2], Poly.const(1), p, "depthwise_conv2d", x)
+    w = _conv_out(dx[3], dw[3], Poly.const(1), p, "depthwise_conv2d", x)
+    return like(x, [dx[0], dx[1], h, w])
+
+
 @op("conv_transpose2x2")
 def conv_transpose2x2(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Transposed 2x2 convolution with stride 2: ``[B, Cin, H, W] -> [B, Cout, 2H, 2W]``.
