@@ -25,8 +25,9 @@ and which pointers (up to ``max_object_pointers``) is the tracking engine's busi
 """
 
 import math
+from typing import Any
 
-from ..blocks import Array, Block, Dim, Float, Param, entry
+from ..blocks import Array, Block, Dim, Float, Param, entry, variant
 from ..std import ops
 from ..std.nn import Conv2d, Linear
 from ..types.dtypes import bf16

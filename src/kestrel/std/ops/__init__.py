@@ -73,7 +73,8 @@ _t = like  # the name std/ops_attention.py imports
 
 __all__ = [
     "FEW_KEY_COLUMNS", "abs_", "add", "amax", "arange_like", "argmax", "attention", "axis", "bmm",
-    "broadcast_dims", "cast", "cat", "contiguous", "conv1d", "conv2d", "conv_transpose2x2", "cos", "depthwise_conv2d", "dim_like",
+    "broadcast_dims", "cast", "cat", "contiguous", "conv1d", "conv2d", "conv_transpose2x2", "cos",
+    "depthwise_conv2d", "dim_like",
     "div", "embedding", "eq", "exp", "expand", "flatten", "float_dtype", "fused_linear", "gather", "ge", "gelu",
     "gelu_", "getitem", "gt", "interpolate", "kind_of", "l2_normalize", "last_dim", "layer_norm",
     "layer_norm_chw", "like", "linear", "matmul", "max_pool2d", "mean", "mul", "multihead_attention", "nonneg",
