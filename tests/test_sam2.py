@@ -16,7 +16,7 @@ from transformers import Sam2Config, Sam2Model
 import kestrel
 from kestrel.blocks import EntryError
 from kestrel.checker.check import check_program
-from kestrel.models import sam2
+from kestrel.models import sam2, sam2_video
 from kestrel.models.cards import CARDS, CardError
 from kestrel.models.cards.sam2 import FAMILY_BACKBONES, layout
 from reference import at_size, rel_diff, seeded_sam2, small_config
@@ -117,7 +117,8 @@ def test_card_binds_tiny_at_both_sizes():
     g = card.generics()
     assert (g["E"], g["D0"], g["D3"], g["Win2"], g["Pad2"], g["Pad3"]) == (64, 96, 768, 14, 6, 3)
     assert not {"L0", "L1", "L3", "R0"} & set(g)  # layer counts are the layout's, not generics
-    assert card.family.root(card.config) is sam2.Model  # tiny's layout is the declared one
+    assert card.family.root(card.config) is sam2_video.VideoModel  # tiny's layout is the declared one
+    assert card.family.root({**card.config, "model_type": "sam2"}) is sam2.Model  # the image model's, likewise
     g512 = card.family.rebind(card.config, {"E": 32})
     assert (g512["E"], g512["Pad2"], g512["Pad3"]) == (32, 10, 5)
 
@@ -133,7 +134,8 @@ def test_card_lays_out_every_family_size(size):
     flat = [k for stage in kinds for k in stage]
     assert [i for i, k in enumerate(flat) if k == "global"] == bb["global_attention_blocks"]
     root = card.family.root(card.config)
-    assert root is sam2.model_for(lay) and root.decl().qualname == "sam2::Model"
+    assert root is sam2_video.model_for(lay) and root.decl().qualname == "sam2_video::VideoModel"
+    assert card.family.root({**card.config, "model_type": "sam2"}) is sam2.model_for(lay)
     report = check_program(root)
     assert report.ok, "\n".join(map(str, report.diagnostics))
 
