@@ -14,7 +14,7 @@ import sys
 from typing import NoReturn
 
 from ..errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, KestrelError
-from . import doctor, models, segment, serve, site, tasks
+from . import doctor, models, segment, serve, site, tasks, track
 
 EPILOG = """examples:
   kestrel check                                  type-check every model, no weights needed
@@ -30,6 +30,7 @@ EPILOG = """examples:
   kestrel site --serve                           the registry site at http://127.0.0.1:8000/
   kestrel export sam2.1-hiera-tiny --target executorch-webgpu --size 512 --out out/
   kestrel segment photo.jpg --point 500,375      SAM mask PNG + overlay (--everything: every object)
+  kestrel track clip.mp4 --model sam2.1-hiera-tiny --point 0:210,350 --out out/   masks on every frame
   kestrel doctor                                 GEMM rates here and the kernel chosen per shape
   kestrel bench DIR --batch 1,8                  time a model on this machine
 
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     tasks.add_parsers(sub)
     site.add_parsers(sub)
     segment.add_parser(sub)
+    track.add_parser(sub)
     serve.add_parsers(sub)
     doctor.add_parsers(sub)
     for p in {id(p): p for p in sub.choices.values()}.values():  # `kestrel CMD ... --debug` too
