@@ -67,7 +67,7 @@ def video_config(kind: str, image: int) -> dict[str, Any]:
         cfg["mask_decoder_config"].update(hidden_size=32, num_attention_heads=2, mlp_dim=64, iou_head_hidden_dim=32)
         cfg.update(memory_attention_hidden_size=32, memory_attention_num_layers=2,
                    memory_attention_feed_forward_hidden_size=64, memory_encoder_hidden_size=32,
-                   memory_encoder_output_channels=16, mask_downsampler_embed_dim=32, memory_fuser_embed_dim=32,
+                   mask_downsampler_embed_dim=32, memory_fuser_embed_dim=32,
                    memory_fuser_intermediate_dim=64)
     s = image // 4
     cfg["vision_config"]["backbone_config"]["image_size"] = [image, image]

@@ -32,7 +32,7 @@ def video_config(image: int = 256) -> dict:
     return dict(small_config(image), image_size=image, memory_attention_hidden_size=32,
                 memory_attention_num_layers=2, memory_attention_feed_forward_hidden_size=64,
                 memory_attention_rope_feat_sizes=[s, s], memory_encoder_hidden_size=32,
-                memory_encoder_output_channels=16, mask_downsampler_embed_dim=32, memory_fuser_embed_dim=32,
+                mask_downsampler_embed_dim=32, memory_fuser_embed_dim=32,
                 memory_fuser_intermediate_dim=64)
 
 
