@@ -59,16 +59,15 @@ def video_config(kind: str, image: int) -> dict[str, Any]:
     from kestrel.models.cards import CARDS
 
     cfg = json.loads(json.dumps({k: v for k, v in CARDS["sam2.1-hiera-tiny"].config.items() if k != "model_type"}))
-    if kind == "small":
+    if kind == "small":  # the memory path's widths equal the decoder's and hold the 64-wide memories
         cfg["vision_config"]["backbone_config"].update(hidden_size=16, embed_dim_per_stage=[16, 32, 64, 128],
                                                        num_attention_heads_per_stage=[1, 2, 2, 4])
-        cfg["vision_config"].update(backbone_channel_list=[128, 64, 32, 16], fpn_hidden_size=32)
-        cfg["prompt_encoder_config"]["hidden_size"] = 32
-        cfg["mask_decoder_config"].update(hidden_size=32, num_attention_heads=2, mlp_dim=64, iou_head_hidden_dim=32)
-        cfg.update(memory_attention_hidden_size=32, memory_attention_num_layers=2,
-                   memory_attention_feed_forward_hidden_size=64, memory_encoder_hidden_size=32,
-                   mask_downsampler_embed_dim=32, memory_fuser_embed_dim=32,
-                   memory_fuser_intermediate_dim=64)
+        cfg["vision_config"].update(backbone_channel_list=[128, 64, 32, 16], fpn_hidden_size=64)
+        cfg["prompt_encoder_config"]["hidden_size"] = 64
+        cfg["mask_decoder_config"].update(hidden_size=64, num_attention_heads=2, mlp_dim=64, iou_head_hidden_dim=64)
+        cfg.update(memory_attention_hidden_size=64, memory_attention_num_layers=2,
+                   memory_attention_feed_forward_hidden_size=64, memory_encoder_hidden_size=64,
+                   mask_downsampler_embed_dim=64, memory_fuser_embed_dim=64, memory_fuser_intermediate_dim=64)
     s = image // 4
     cfg["vision_config"]["backbone_config"]["image_size"] = [image, image]
     cfg["vision_config"]["backbone_feature_sizes"] = [[s, s], [s // 2, s // 2], [s // 4, s // 4]]

@@ -24,16 +24,15 @@ from test_video_io import write_mp4
 W, H, N = 96, 64, 8
 
 
-def video_config(image: int = 256) -> dict:
+def video_config(image: int = 128) -> dict:
     """A Sam2VideoConfig dict at small widths (Hiera-tiny's layout), memory blocks included."""
     from test_sam2 import small_config
 
     s = image // 16
-    return dict(small_config(image), image_size=image, memory_attention_hidden_size=32,
+    return dict(small_config(image, hd=64), image_size=image, memory_attention_hidden_size=64,
                 memory_attention_num_layers=2, memory_attention_feed_forward_hidden_size=64,
-                memory_attention_rope_feat_sizes=[s, s], memory_encoder_hidden_size=32,
-                mask_downsampler_embed_dim=32, memory_fuser_embed_dim=32,
-                memory_fuser_intermediate_dim=64)
+                memory_attention_rope_feat_sizes=[s, s], memory_encoder_hidden_size=64,
+                mask_downsampler_embed_dim=64, memory_fuser_embed_dim=64, memory_fuser_intermediate_dim=64)
 
 
 @pytest.fixture(scope="module")
