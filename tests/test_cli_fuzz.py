@@ -126,7 +126,8 @@ def good_value(option: Option, f: Files, out: Path) -> str:
 
 
 # the context a command needs to get as far as checking the option under test
-CONTEXT = {"segment": ["--point", "1,1"], "zero-shot": ["--labels", "a"], "serve": ["--model", MODEL]}
+CONTEXT = {"segment": ["--point", "1,1"], "zero-shot": ["--labels", "a"], "serve": ["--model", MODEL],
+           "track": ["--point", "0:1,1"]}
 
 
 def base_line(command: Command, f: Files, out: Path, skip: set[str]) -> list[str]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from .options import REGISTRY, Command
 
-MODULES = ("models", "tasks", "site", "segment", "serve", "doctor")
+MODULES = ("models", "tasks", "site", "segment", "track", "serve", "doctor")
 
 __all__ = ["MODULES", "all_commands", "command_names", "describe", "load_all"]
 

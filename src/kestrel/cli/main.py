@@ -32,6 +32,7 @@ EPILOG = """examples:
   kestrel site --serve                           the registry site at http://127.0.0.1:8000/
   kestrel export sam2.1-hiera-tiny --target executorch-webgpu --size 512 --out out/
   kestrel segment photo.jpg --point 500,375      SAM mask PNG + overlay (--everything: every object)
+  kestrel track clip.mp4 --model sam2.1-hiera-tiny --point 0:210,350 --out out/   masks on every frame
   kestrel doctor                                 GEMM rates here and the kernel chosen per shape
   kestrel bench DIR --batch 1,8                  time a model on this machine
 
