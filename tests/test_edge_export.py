@@ -267,9 +267,11 @@ def test_real_tiny_config_fully_delegated(tmp_path):
 
 
 def test_unknown_target_is_a_clear_error(tmp_path, capsys):
-    assert main(["export", str(tmp_path), "--target", "executorch-metal", "--out", str(tmp_path / "o")]) == 2
+    with pytest.raises(SystemExit) as e:  # argparse's usage error, in Kestrel's style
+        main(["export", str(tmp_path), "--target", "executorch-metal", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
-    assert "unknown export target 'executorch-metal'" in err and "executorch-webgpu" in err
+    assert e.value.code == 2 and err.startswith("kestrel export: error: argument --target: invalid choice: "
+                                                "'executorch-metal'") and "executorch-webgpu" in err
     assert not (tmp_path / "o").exists()
 
 

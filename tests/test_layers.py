@@ -17,9 +17,9 @@ LAYERS = ("errors", "kernels", "shapes", "types", "blocks", "checker", "std", "m
 # Applications beside cli: they may import every layer but cli and each other; cli, their command line, may
 # import them.
 APPLICATIONS = ("site", "web", "scale")
-# ``kestrel`` itself (``kestrel.load``) is the runtime's public face, and so is ``kestrel.exported`` (a module
-# beside the packages, re-exporting ``kestrel.runtime.exported``)
-ROOT_LAYER = "runtime"
+# ``kestrel`` itself is the public face of the runtime and the pipelines (``kestrel.load``, ``kestrel.track``);
+# ``kestrel.exported`` (a module beside the packages, re-exporting ``kestrel.runtime.exported``) is the runtime's
+ROOT_LAYER = "pipelines"
 ROOT_MODULES = {"exported": "runtime"}
 
 

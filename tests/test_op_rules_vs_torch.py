@@ -154,6 +154,15 @@ def _conv2d(rnd):
     return ops.conv2d, (x, w, b), {"stride": rnd.randint(1, 3), "padding": rnd.randint(0, 2)}
 
 
+def _depthwise_conv2d(rnd):
+    c = rnd.randint(0, 3)
+    x = f32(rnd, rnd.randint(0, 2), c, rnd.randint(0, 6), rnd.randint(0, 6))
+    w = f32(rnd, c if rnd.random() < 0.85 else c + 1, 1 if rnd.random() < 0.85 else 2, rnd.randint(0, 3),
+            rnd.randint(0, 3))
+    b = rnd.choice([None, f32(rnd, w.shape[0]), f32(rnd, w.shape[0] + 1)])
+    return ops.depthwise_conv2d, (x, w, b), {"padding": rnd.randint(0, 2)}
+
+
 def _conv1d(rnd):
     cin = rnd.randint(0, 3)
     x = f32(rnd, rnd.randint(0, 2), cin, rnd.randint(0, 6))
@@ -419,7 +428,8 @@ TABLE: dict[str, Callable[[random.Random], tuple]] = {
     "gelu": _gelu(ops.gelu), "gelu_": _gelu(ops.gelu_), "eq": _compare(ops.eq), "gt": _compare(ops.gt),
     "ge": _compare(ops.ge), "where": _where, "cast": _cast,
     "linear": _linear, "fused_linear": _fused_linear, "matmul": _matmul,
-    "conv2d": _conv2d, "conv1d": _conv1d, "conv_transpose2x2": _conv_transpose, "interpolate": _interpolate,
+    "conv2d": _conv2d, "depthwise_conv2d": _depthwise_conv2d,
+    "conv1d": _conv1d, "conv_transpose2x2": _conv_transpose, "interpolate": _interpolate,
     "max_pool2d": _max_pool, "layer_norm": _layer_norm, "layer_norm_chw": _layer_norm_chw, "rms_norm": _rms_norm,
     "l2_normalize": lambda rnd: (ops.l2_normalize, (t(rnd, *dims(rnd, 1, 3)),), {}), "softmax": _softmax,
     "attention": _attention, "multihead_attention": _multihead, "decomposed_attention": _decomposed,

@@ -61,7 +61,11 @@ def folder(tmp_path_factory):
 
 
 def run(*argv: str) -> int:
-    return main(["track", *map(str, argv), "--quiet"])
+    """The exit status of ``kestrel track ARGV``, whether the command returned it or argparse exited."""
+    try:
+        return main(["track", *map(str, argv), "--quiet"])
+    except SystemExit as e:
+        return int(e.code or 0)
 
 
 def leftovers(parent) -> list[str]:
@@ -136,8 +140,11 @@ def test_eval_scores_against_ground_truth(double, video_model, folder, tmp_path,
 
 
 def error(capsys) -> str:
+    """The one error line; a flag argparse refuses is followed by the command's usage, nothing else."""
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
+    assert err and (len(err) == 1 or err[1].startswith("usage: kestrel track")), err
+    assert err[-1:] == err or err[-1] == "run 'kestrel track --help' for more", err
+    assert sum(" error: " in line for line in err) == 1, err
     return err[0]
 
 
@@ -149,7 +156,7 @@ def error(capsys) -> str:
     (["--point", "0:300,30"], "point 300,30 lies outside the 96 x 64 frame"),
     (["--box", "0:50,10,20,40"], "needs x0 < x1 and y0 < y1"),
     (["--box", "0:1,1,5,5", "--box", "0:2,2,6,6"], "already has a box on frame 0"),
-    (["--object", "0", "--point", "0:30,30"], "object ids are 1 to 255"),
+    (["--object", "0", "--point", "0:30,30"], "expected an object id from 1 to 255, got 0"),
     (["--point", "0:30,30", "--start", "8"], "--start 8 is out of range"),
     (["--point", "0:30,30", "--end", "9"], "--end 9 is out of range"),
     (["--point", "5:30,30", "--end", "4"], "outside the tracked frames 0 to 3"),

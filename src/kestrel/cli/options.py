@@ -705,15 +705,16 @@ class ModelRef(Kind):
 
 @dataclass(frozen=True)
 class GenericNames(Kind):
-    """Comma-separated generic names (``B,Pts``), or ``none`` for the empty list."""
+    """Comma-separated generic names (``B,Pts``), or ``none`` for none (a tuple: argparse's unparsed
+    ``--flag=--`` is an empty *list*, which ``main`` refuses)."""
 
     expect: str = "generic names separated by commas (B,Pts), or none"
     metavar: str | None = "B,Pts"
 
-    def parse(self, text: str) -> list[str]:
+    def parse(self, text: str) -> tuple[str, ...]:
         if text.strip().lower() == "none":
-            return []
-        names = [n.strip() for n in text.split(",")]
+            return ()
+        names = tuple(n.strip() for n in text.split(","))
         if not text.strip() or any(not n.isidentifier() for n in names):
             raise Bad(f"expected {self.expect}, got {shown(text)}")
         return names
