@@ -131,3 +131,51 @@ def test_from_config_binds_an_unweighted_model_from_a_config_dict():
     assert model.forward(torch.zeros(1, 3, 32, 32)).shape == (1, 4)
     with pytest.raises(CardError, match="model_type 'gpt2'"):
         kestrel.from_config({"model_type": "gpt2"})
+
+
+def test_half_precision_is_native_only_where_the_cpu_flags_say_so():
+    from kestrel.kernels.calibration import native_half_in
+
+    zen2 = "processor\t: 0\nflags\t\t: fpu sse4_2 avx avx2 fma f16c\n"
+    sapphire = "flags\t\t: avx2 avx512f avx512_bf16 amx_bf16 amx_tile avx512_fp16\n"
+    graviton3 = "Features\t: fp asimd fphp asimdhp bf16 i8mm\n"
+    assert native_half_in(zen2, "bf16") is False and native_half_in(zen2, "f16") is False
+    assert native_half_in(sapphire, "bf16") is True and native_half_in(sapphire, "f16") is True
+    assert native_half_in(graviton3, "bf16") is True and native_half_in(graviton3, "f16") is True
+    assert native_half_in("processor: 0\n", "bf16") is None  # no flags line: unknown, no warning
+
+
+@pytest.mark.parametrize("native", [False, True, None])
+def test_bf16_on_a_cpu_without_native_bf16_warns_that_it_will_be_slow(saved, monkeypatch, native):
+    import warnings
+
+    from kestrel.errors import KestrelWarning
+
+    monkeypatch.setattr("kestrel.runtime.load.native_half", lambda name: native)
+    d, _ = saved
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        model = kestrel.load(d, dtype="bf16")
+        kestrel.load(d)  # f32 never warns
+    ours = [w for w in seen if issubclass(w.category, KestrelWarning)]
+    assert str(model.loaded.generics["T"]) == "bf16"
+    if native is False:
+        assert len(ours) == 1 and "bf16 will be slow on this CPU" in str(ours[0].message)
+        assert ours[0].filename == __file__  # points at the caller's kestrel.load line
+    else:
+        assert ours == []
+
+
+def test_the_command_line_prints_the_warning_as_one_line(saved, monkeypatch, capsys, tmp_path):
+    from PIL import Image
+
+    from kestrel.cli.main import main
+
+    monkeypatch.setattr("kestrel.runtime.load.native_half", lambda name: False)
+    d, _ = saved
+    image = tmp_path / "cat.png"
+    Image.new("RGB", (40, 30), (200, 120, 40)).save(image)
+    assert main(["classify", str(image), "--model", str(d), "--dtype", "bf16"]) == 0
+    err = capsys.readouterr().err
+    assert "kestrel classify: warning: bf16 will be slow on this CPU" in err
+    assert "KestrelWarning" not in err and "load.py" not in err

@@ -51,5 +51,10 @@ class OutputError(KestrelError, OSError):
         return str(self.args[0]) if self.args else ""
 
 
+class KestrelWarning(UserWarning):
+    """Advice the user should see but that does not stop the work (a slow path chosen, say). The
+    command line prints it as one ``kestrel COMMAND: warning: ...`` line."""
+
+
 __all__ = ["EXIT_CHECK_FAILED", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "KestrelError",
-           "OutputError", "UsageError"]
+           "KestrelWarning", "OutputError", "UsageError"]

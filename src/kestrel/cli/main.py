@@ -11,9 +11,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import NoReturn
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn
 
-from ..errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, KestrelError
+from ..errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, KestrelError, KestrelWarning
 from ..kernels import settings
 from .commands import all_commands
 from .options import REGISTRY, add_command, shown
@@ -102,6 +105,24 @@ def _printable_streams() -> None:
                 pass
 
 
+@contextmanager
+def _one_line_warnings(prog: str) -> Iterator[None]:
+    """Kestrel's own warnings print as ``kestrel COMMAND: warning: ...``, without Python's file and line."""
+    shown_before = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], *rest: Any, **kw: Any) -> None:
+        if issubclass(category, KestrelWarning):
+            print(f"{prog}: warning: {message}", file=sys.stderr)
+        else:
+            shown_before(message, category, *rest, **kw)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown_before
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``) and return the exit status."""
     _printable_streams()
@@ -122,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     prog = f"kestrel {args.command}"
     try:
-        return int(args.run(args) or 0)
+        with _one_line_warnings(prog):
+            return int(args.run(args) or 0)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

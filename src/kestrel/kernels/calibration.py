@@ -61,6 +61,33 @@ def cpu_flags() -> list[str]:
     return []
 
 
+# CPU features with native half-precision arithmetic: without them, torch emulates bf16/f16 GEMMs by
+# converting to f32, which is slower than f32 itself (the doctor's GEMM race measures it).
+_NATIVE_X86 = {"bf16": ("avx512_bf16", "amx_bf16"), "f16": ("avx512_fp16", "amx_fp16")}
+_NATIVE_ARM = {"bf16": ("bf16",), "f16": ("fphp", "asimdhp")}
+
+
+@functools.cache
+def native_half(dtype: str) -> bool | None:
+    """Whether this CPU computes ``dtype`` (``"bf16"`` or ``"f16"``) natively; None when it cannot tell.
+
+    Read from ``/proc/cpuinfo``'s flags (x86) or features (Arm); elsewhere the answer is unknown."""
+    try:
+        return native_half_in(Path("/proc/cpuinfo").read_text(), dtype)
+    except OSError:
+        return None
+
+
+def native_half_in(cpuinfo: str, dtype: str) -> bool | None:
+    """:func:`native_half` as read from the text of a ``/proc/cpuinfo``."""
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            table = _NATIVE_X86 if name.strip() == "flags" else _NATIVE_ARM
+            return any(f in value.split() for f in table[dtype])
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def _static_key() -> tuple[tuple[str, Any], ...]:
     return (("version", VERSION), ("cpu", cpu_model()), ("flags", cpu_flags()), ("machine", platform.machine()),

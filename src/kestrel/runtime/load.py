@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,11 @@ import torch
 
 from ..blocks import Block
 from ..blocks.block import ENTRY_HOOKS, bind_generics, parameter_manifest
+from ..errors import KestrelWarning
 from ..kernels.allocator import release_after_burst, retain_freed_memory
+from ..kernels.calibration import native_half
 from ..models.cards import CARDS, FAMILIES, Card, CardError, Family, family_for_config, find_card
-from ..types.dtypes import DType, dtype_named
+from ..types.dtypes import DType, dtype_named, from_torch
 from .checkpoint import CheckpointError, Expected, load_tensors, plan_load, read_headers, safetensors_dtype
 from .hub import fetch
 from .sizes import override_problem
@@ -145,6 +148,7 @@ def load(name_or_dir: str | os.PathLike[str], *, weights: str | os.PathLike[str]
         raise CardError(f"{directory}: config.json is a {config.get('model_type')!r} model, but {card.name} is a "
                         f"{card.family.name} card")
     bound = _bind(family, config, dtype, generics, directory)
+    _warn_if_emulated(bound["T"], torch.device(device))
     root = family.root(config)
     model = _build(root, family, config, bound, directory)
     model.configure(**family.settings(config))
@@ -162,6 +166,15 @@ def load(name_or_dir: str | os.PathLike[str], *, weights: str | os.PathLike[str]
 
         compile_entries(model)
     return model
+
+
+def _warn_if_emulated(dtype: DType | torch.dtype, device: torch.device) -> None:
+    """bf16 or f16 on a CPU without native arithmetic for it runs slower than f32: say so once per load."""
+    name = str(from_torch(dtype) if isinstance(dtype, torch.dtype) else dtype)
+    if device.type == "cpu" and name in ("bf16", "f16") and native_half(name) is False:
+        warnings.warn(f"{name} will be slow on this CPU: it has no native {name} arithmetic, so torch converts "
+                      "to f32 for every GEMM and f32 is faster here (`kestrel doctor` measures both)",
+                      KestrelWarning, stacklevel=3)
 
 
 def _bind(family: Family, config: dict, dtype: Any, overrides: dict[str, Any], directory: Path) -> dict[str, Any]:
