@@ -16,6 +16,7 @@ from kestrel.models.cards import CARDS
 from kestrel.site.build import SiteError, block_anchor, build_site
 from seeds import SEED_CARDS, SEEDS, read_seed
 from sitebuild import built_site, read_page
+from svgcheck import edge_label_boxes, label_clashes, overlapping, text_boxes
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `dot` is not installed (make setup)")
 
@@ -122,3 +123,35 @@ def test_benchmarks_come_from_the_committed_results_with_where_and_when() -> Non
     assert "transformers eager" in vit and "onnxruntime" in vit and "Peak MB" in vit
     assert bench_charts(runs, "no-such-family") == ""
 
+
+
+@needs_dot
+def test_edge_labels_never_overlap_in_any_built_graph() -> None:
+    """Every graph the site ships (each entry of each model, in every collapsed combination): no two edge
+    labels intersect, no edge label lies on a node's outline, and no two texts overlap at all."""
+    graphs = sorted((built_site() / "graphs").glob("*.svg"))
+    for name, card in CARDS.items():  # every entry of every model is among them
+        for fn in card.family.root(card.config).decl().entries:
+            assert (built_site() / "graphs" / f"{name}.{fn.name}.svg") in graphs
+    labels = 0
+    bad = {}
+    for path in graphs:
+        svg = path.read_text()
+        labels += len(edge_label_boxes(svg))
+        clash = label_clashes(svg) + [f"{a.text!r} / {b.text!r}" for a, b in overlapping(text_boxes(svg))]
+        if clash:
+            bad[path.name] = clash[:3]
+    print(f"{len(graphs)} graphs, {labels} edge labels, {len(bad)} with clashes")
+    assert labels > 10 * len(graphs) and not bad, bad
+
+
+def test_the_label_measure_finds_labels_on_labels_and_on_nodes() -> None:
+    svg = """<svg xmlns="http://www.w3.org/2000/svg"><g class="graph">
+<g class="node"><title>a</title><polygon points="0,0 100,0 100,-30 0,-30 0,0"/>
+<text text-anchor="middle" x="50" y="-10" font-size="10">a</text></g>
+<g class="edge"><title>a-&gt;b</title><text text-anchor="middle" x="50" y="-50" font-size="9">Tensor[B, N; T]</text></g>
+<g class="edge"><title>a-&gt;c</title><text text-anchor="middle" x="60" y="-48" font-size="9">Tensor[B, M; T]</text></g>
+<g class="edge"><title>c-&gt;d</title><text text-anchor="start" x="90" y="-12" font-size="9">Tensor[D]</text></g>
+<g class="edge"><title>c-&gt;e</title><text text-anchor="start" x="300" y="-12" font-size="9">Tensor[E]</text></g>
+</g></svg>"""
+    assert label_clashes(svg) == ["'Tensor[B, N; T]' / 'Tensor[B, M; T]'", "'Tensor[D]' on node 'a'"]
