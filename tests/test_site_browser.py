@@ -403,6 +403,6 @@ def test_sam2_page_shows_the_512_split(browser, site_url):
     tables = section.locator("table.edge-tables tbody tr").all_inner_texts()
     assert len(tables) == 8 and any(t.startswith("prompt_img_pos.bin") and "[1, 256, 32, 32]" in t for t in tables)
     for words in ("sha256", "validation.json", "kestrel export sam2.1-hiera-tiny --target onnx --size 512",
-                  "kestrel serve --export edge/", "instead of 1024x1024"):
+                  "kestrel serve --export edge/", "instead of 1024x1024", "kestrel site --edge edge/"):
         assert words in text, words
     page.close()

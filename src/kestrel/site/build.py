@@ -35,7 +35,7 @@ from ..models.capabilities import TASKS
 from ..models.cards import CARDS, Card
 from ..types.dtypes import DTypeKind
 from .charts import bench_charts
-from .edge import edge_section, has_edge_split
+from .edge import EdgeExport, EdgeExportError, edge_section, has_edge_split, read_edge_export
 
 ASSETS = ("site.css", "site.js")
 PAN_ZOOM = "svg-pan-zoom.min.js"  # npm's svg-pan-zoom (web/package.json), copied in at build time
@@ -251,7 +251,8 @@ def _graph_figure(card: Card, entry: str, svg: str, fig_id: str, caption: str, t
             f"<figcaption>{escape(caption)}</figcaption>\n</figure>")
 
 
-def model_page(card: Card, program: Program, bench: list[dict[str, Any]] | None) -> str:
+def model_page(card: Card, program: Program, bench: list[dict[str, Any]] | None,
+               export: EdgeExport | None = None) -> str:
     root = program.root
     decl = root.decl()
     blocks = listed_blocks(root)
@@ -306,7 +307,7 @@ def model_page(card: Card, program: Program, bench: list[dict[str, Any]] | None)
     parts.append("</section>")
 
     if edge:
-        parts.append(edge_section(card, root))
+        parts.append(edge_section(card, root, export))
     parts.append('<section id="benchmarks">\n<h2>Benchmarks</h2>')
     charts = bench_charts(bench, card.family.name) if bench else ""
     parts.append(charts or "<p>No benchmark results for this model: <code>bench/run.py</code> does not measure "
@@ -464,13 +465,26 @@ def read_bench(path: Path | None) -> list[dict[str, Any]] | None:
 
 
 def build_site(out: Path, models: list[str] | None = None, bench: Path | None = None,
-               progress: bool = False) -> list[Path]:
-    """Write the site under ``out`` (replacing what an earlier build wrote there); return the pages."""
+               progress: bool = False, edge: Path | None = None) -> list[Path]:
+    """Write the site under ``out`` (replacing what an earlier build wrote there); return the pages.
+
+    ``edge``: a ``kestrel export`` folder of a SAM 2.1 card's 512 split, copied in and linked from its page.
+    """
     names = models or list(CARDS)
     unknown = [n for n in names if n not in CARDS]
     if unknown:
         raise SiteError(f"unknown model {', '.join(unknown)}; known models: {', '.join(CARDS)}")
     cards = [CARDS[n] for n in names]
+    export, exported = None, None
+    if edge is not None:
+        try:
+            export = read_edge_export(Path(edge))
+        except EdgeExportError as e:
+            raise SiteError(str(e)) from None
+        exported = next((c for c in cards if c.repo == export.repo and has_edge_split(c)), None)
+        if exported is None:
+            raise SiteError(f"{edge} is an export of {export.repo or 'an unnamed model'}, which no SAM 2.1 card "
+                            f"of this build is; build its card (--models) or give its export")
     results = read_bench(bench)
     programs = _programs(cards, progress)
 
@@ -503,7 +517,10 @@ def build_site(out: Path, models: list[str] | None = None, bench: Path | None = 
     pages.append(out / "index.html")
     for card in cards:
         program = programs[card.name]
-        (tmp / "models" / f"{card.name}.html").write_text(model_page(card, program, results))
+        linked = export if card is exported else None
+        (tmp / "models" / f"{card.name}.html").write_text(model_page(card, program, results, linked))
+        if linked is not None:
+            linked.copy_to(tmp / "edge" / card.name)
         for entry, variants in program.variants.items():
             for mask, svg in variants.items():  # block links point at the model page from here
                 svg = svg.replace('xlink:href="#b-', f'xlink:href="../models/{card.name}.html#b-')
