@@ -362,10 +362,13 @@ def test_blocks_collapse_one_by_one_stay_fitted_and_open_their_listings(browser,
     assert nodes.count() < expanded - 20 and fig.locator('g.cluster[id$="-kb1"]').count() == 1
     share = fig.evaluate(FITTED_JS)[1]
     assert share >= 0.95, f"collapsing mask_decoder left {share:.0%} of the graph in view"
+    count, bad = fig.locator("svg.kg-svg").evaluate(OVERLAPS_JS)  # the [+] beside a bold name included
+    assert count > 0 and not bad, bad[:5]
     # then _points too, from the toolbar; then mask_decoder open again by its node's [+]
     switches.nth(0).click()
     _shown(page, "graph-decode_points", 5)
     assert fig.evaluate(FITTED_JS)[1] >= 0.95 and fig.evaluate(pressed) == ["true", "false", "true"]
+    assert not fig.locator("svg.kg-svg").evaluate(OVERLAPS_JS)[1]
     fig.locator('g.node[id$="-kb2"] text.kg-toggle').click()
     _shown(page, "graph-decode_points", 1)
     assert fig.evaluate(FITTED_JS)[1] >= 0.95 and fig.locator('g.cluster[id$="-kb2"]').count() == 1
@@ -386,6 +389,21 @@ def test_blocks_collapse_one_by_one_stay_fitted_and_open_their_listings(browser,
     fig.locator('g.node[id$="-kb2"] text', has_text="MaskDecoder<").click()
     page.wait_for_function("location.hash === '#b-sam--MaskDecoder'")
     assert _below_header(page, "#b-sam--MaskDecoder h3")
+
+    # every switch of every graph on the page: collapsed alone, the graph is fitted whole and then opens again
+    page.goto(site_url + "models/sam-vit-base.html")
+    figures = page.locator("figure.graph[data-graphs]")
+    for f in range(figures.count()):
+        figure = figures.nth(f)
+        name = figure.get_attribute("id")
+        for i in range(figure.locator(".graph-blocks button").count()):
+            figure.scroll_into_view_if_needed()
+            figure.locator(".graph-blocks button").nth(i).click()
+            _shown(page, name, 1 << i)
+            share = figure.evaluate(FITTED_JS)[1]
+            assert share >= 0.95, f"#{name}, block {i} collapsed: {share:.0%} of the graph in view"
+            figure.locator(".graph-blocks button").nth(i).click()
+            _shown(page, name, 0)
     assert not problems, "\n".join(problems)
     page.close()
 
