@@ -4,7 +4,9 @@ What is drawn is derived from the checked program: the entry's recorded graph, w
 blocks (and the block's own typed functions) expanded as labelled groups down to ``expand`` levels and
 collapsed to one node below that; calls into untyped helpers (``self._fourier``, a local ``def heads``)
 grouped under the helper's name; a loop over a sub array drawn once, marked ``x Layers``; params as
-small side inputs; chains of one-input ops (``flatten · transpose``) merged into one node. Every
+small side inputs; chains of one-input ops (``flatten · transpose``) merged into one node. A group
+can also be collapsed alone, named by its key in ``Diagram.units`` (the registry site lays out each
+combination of a graph's largest groups, so that a reader collapses and opens them one by one). Every
 edge carries the type the checker inferred for that value, written in the model's own generics (callee
 types are translated through the substitution recorded at each call).
 

@@ -4,7 +4,8 @@ A model page holds, in the seeds' order, the preview graph of the main entry, th
 generics table (as the checkpoint binds them) and every block as ``kestrel inspect`` prints it, each
 block anchored and its sub types linked to their blocks. After those: the card (what the model is, the
 checkpoint with revision and license, how to load it, the tasks it serves), the parameter manifest, a
-graph per entry, and benchmark charts when a ``bench/run.py --out`` results file is given.
+graph per entry (its largest groups collapsible one by one: every combination is laid out here, the page
+swaps them in), SAM 2.1's edge split (with an export's files when given), and benchmark charts.
 
 Everything on a page is derived from the declarations, the checked graphs and the card.
 """
