@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
@@ -22,10 +23,10 @@ class Box:
                 self.y0 + slack < o.y1 and o.y0 + slack < self.y1)
 
 
-def text_boxes(svg: str) -> list[Box]:
+def text_boxes(svg: str | ET.Element) -> list[Box]:
     """Every text element's box from its anchor, font size and (monospace) length."""
     boxes = []
-    for t in ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}text"):
+    for t in (ET.fromstring(svg) if isinstance(svg, str) else svg).iter("{http://www.w3.org/2000/svg}text"):
         text = "".join(t.itertext())
         size = float(t.get("font-size", "14"))
         x, y = float(t.get("x", "0")), float(t.get("y", "0"))
@@ -37,7 +38,16 @@ def text_boxes(svg: str) -> list[Box]:
 
 
 def overlapping(boxes: list[Box]) -> list[tuple[Box, Box]]:
-    return [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:] if a.overlaps(b)]
+    """Every overlapping pair (a sweep along x: only boxes that start before one ends can meet it)."""
+    ordered = sorted(boxes, key=lambda b: b.x0)
+    out = []
+    for i, a in enumerate(ordered):
+        for b in ordered[i + 1:]:
+            if b.x0 >= a.x1:
+                break
+            if a.overlaps(b):
+                out.append((a, b))
+    return out
 
 
 def edges(svg: str) -> list[tuple[str, list[str]]]:
@@ -49,3 +59,44 @@ def edges(svg: str) -> list[tuple[str, list[str]]]:
             texts = ["".join(t.itertext()) for t in g.iter("{http://www.w3.org/2000/svg}text")]
             out.append((title.text if title is not None else "", texts))
     return out
+
+
+def _groups(svg: str | ET.Element, kind: str) -> list[ET.Element]:
+    root = ET.fromstring(svg) if isinstance(svg, str) else svg
+    return [g for g in root.iter("{http://www.w3.org/2000/svg}g") if kind in (g.get("class") or "").split()]
+
+
+def edge_label_boxes(svg: str | ET.Element) -> list[Box]:
+    """The boxes of the type labels Graphviz set on edges."""
+    return [b for g in _groups(svg, "edge") for b in text_boxes(g)]
+
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def node_boxes(svg: str | ET.Element) -> list[Box]:
+    """Each node's outline (its path, polygon or polyline points), named by the node's first text."""
+    out = []
+    for g in _groups(svg, "node"):
+        xs: list[float] = []
+        ys: list[float] = []
+        for shape in g.iter():  # the outline's points (a path's curve control points stay within a box)
+            tag = shape.tag.rsplit("}", 1)[-1]
+            coords = shape.get("d") if tag == "path" else shape.get("points") if tag in ("polygon", "polyline") else ""
+            if coords:
+                values = [float(v) for v in _NUMBER.findall(coords)]
+                xs += values[0::2]
+                ys += values[1::2]
+        if xs:
+            texts = ["".join(t.itertext()) for t in g.iter("{http://www.w3.org/2000/svg}text")]
+            out.append(Box(" ".join(texts), min(xs), min(ys), max(xs), max(ys)))
+    return out
+
+
+def label_clashes(svg: str) -> list[str]:
+    """Edge labels that run into each other or into a node's outline (a point of slack each way)."""
+    root = ET.fromstring(svg)
+    labels, nodes = edge_label_boxes(root), node_boxes(root)
+    bad = [f"{a.text!r} / {b.text!r}" for a, b in overlapping(labels)]
+    bad += [f"{a.text!r} on node {n.text!r}" for a in labels for n in nodes if a.overlaps(n, slack=1.0)]
+    return bad

@@ -187,3 +187,22 @@ def test_results_are_named_after_what_the_entry_returns():
     outputs = [n for n in d.nodes if n.kind == "output"]
     assert [n.label for n in outputs] == ["masks", "iou_prediction"]
     assert not any(n.label.startswith("result") for n in outputs)
+
+
+def test_each_group_collapses_alone_by_its_key():
+    from kestrel.inspect.diagram import unit_nesting
+
+    d = entry_diagram(Helpers, "forward")
+    captions = dict(d.units)
+    assert sorted(captions.values()) == sorted(c.caption for c in d.clusters.values())
+    proj = next(k for k, c in captions.items() if c.startswith("proj:"))
+    one = entry_diagram(Helpers, "forward", collapse=frozenset([proj]))
+    folded = [n for n in one.nodes if n.key == proj]
+    assert [(n.label, n.kind, n.block) for n in folded] == [("proj", "call", "std.nn.linear::Linear")]
+    assert len(one.clusters) == len(d.clusters) - 1  # the other groups stay open
+    # the keys name the same calls whatever else is collapsed; all of them collapsed is --expand 0
+    assert dict(one.units).keys() <= captions.keys()
+    every = entry_diagram(Helpers, "forward", collapse=frozenset(captions))
+    flat = entry_diagram(Helpers, "forward", expand=0)
+    assert sorted(n.label for n in every.nodes) == sorted(n.label for n in flat.nodes) and not every.clusters
+    assert all(parent is None and size >= 1 for parent, size in unit_nesting(d).values())

@@ -16,6 +16,7 @@ from kestrel.models.cards import CARDS
 from kestrel.site.build import SiteError, block_anchor, build_site
 from seeds import SEED_CARDS, SEEDS, read_seed
 from sitebuild import built_site, read_page
+from svgcheck import edge_label_boxes, label_clashes, overlapping, text_boxes
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz `dot` is not installed (make setup)")
 
@@ -122,3 +123,91 @@ def test_benchmarks_come_from_the_committed_results_with_where_and_when() -> Non
     assert "transformers eager" in vit and "onnxruntime" in vit and "Peak MB" in vit
     assert bench_charts(runs, "no-such-family") == ""
 
+
+
+@needs_dot
+def test_edge_labels_never_overlap_in_any_built_graph() -> None:
+    """Every graph the site ships (each entry of each model, in every collapsed combination): no two edge
+    labels intersect, no edge label lies on a node's outline, and no two texts overlap at all."""
+    graphs = sorted((built_site() / "graphs").glob("*.svg"))
+    for name, card in CARDS.items():  # every entry of every model is among them
+        for fn in card.family.root(card.config).decl().entries:
+            assert (built_site() / "graphs" / f"{name}.{fn.name}.svg") in graphs
+    labels = 0
+    bad = {}
+    for path in graphs:
+        svg = path.read_text()
+        labels += len(edge_label_boxes(svg))
+        clash = label_clashes(svg) + [f"{a.text!r} / {b.text!r}" for a, b in overlapping(text_boxes(svg))]
+        if clash:
+            bad[path.name] = clash[:3]
+    print(f"{len(graphs)} graphs, {labels} edge labels, {len(bad)} with clashes")
+    assert labels > 10 * len(graphs) and not bad, bad
+
+
+def _fake_export(folder, card) -> dict:
+    """A SAM 2.1 edge export's file set, its manifest's hashes true, its programs stand-ins."""
+    import hashlib
+
+    from kestrel.export.validation import summarize
+
+    folder.mkdir()
+    files = {"sam2_encoder.onnx": b"encoder program", "sam2_decoder.onnx": b"decoder program",
+             "prompt_dense.bin": bytes(16)}
+    for n, data in files.items():
+        (folder / n).write_bytes(data)
+    manifest = {"model": f"{card.name} (512 encoder/decoder split)",
+                "upstream": {"model": card.repo, "revision": card.revision},
+                "files": {n: {"bytes": len(d), "sha256": hashlib.sha256(d).hexdigest()} for n, d in files.items()}}
+    cases = [{"program": "sam2_decoder.onnx", "runtime": "onnxruntime", "sample": "prompt: one point",
+              "reference": "kestrel eager", "outputs": {"masks": {"relative": 3.2e-6, "mask_iou": 0.9987}}}]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "validation.json").write_text(json.dumps({"cases": cases, "summary": summarize(cases)}))
+    return manifest
+
+
+@needs_dot
+def test_sam2_page_links_an_edge_export_copied_into_the_site(tmp_path) -> None:
+    card = CARDS["sam2.1-hiera-tiny"]
+    manifest = _fake_export(tmp_path / "edge", card)
+    out = tmp_path / "site"
+    assert main(["site", "--out", str(out), "--models", card.name, "--edge", str(tmp_path / "edge")]) == 0
+    page = (out / "models" / f"{card.name}.html").read_text()
+    for name, row in manifest["files"].items():  # each file linked, copied byte for byte, its hash shown
+        assert f'href="../edge/{card.name}/{name}"' in page and row["sha256"] in page
+        assert (out / "edge" / card.name / name).read_bytes() == (tmp_path / "edge" / name).read_bytes()
+    for name in ("manifest.json", "validation.json"):
+        assert f'href="../edge/{card.name}/{name}"' in page and (out / "edge" / card.name / name).is_file()
+    assert "Validation passed</strong>: 1 case," in page and "3.20e-06" in page and "0.9987" in page
+    assert f"kestrel serve --export site/edge/{card.name}/" in page and "built without an export" not in page
+    # a file that is not what the manifest hashed, or an export of a card not in the build: clear errors
+    (tmp_path / "edge" / "sam2_decoder.onnx").write_bytes(b"changed")
+    assert main(["site", "--out", str(tmp_path / "s2"), "--models", card.name, "--edge", str(tmp_path / "edge")]) == 2
+    with pytest.raises(SiteError, match="sha256 is not the manifest's"):
+        build_site(tmp_path / "s3", models=[card.name], edge=tmp_path / "edge")
+    _fake_export(tmp_path / "other", card)
+    with pytest.raises(SiteError, match=r"which no SAM 2\.1 card of this build is"):
+        build_site(tmp_path / "s4", models=["vit-base-patch16-224"], edge=tmp_path / "other")
+    with pytest.raises(SiteError, match=r"no manifest\.json"):
+        build_site(tmp_path / "s5", models=[card.name], edge=tmp_path)
+
+
+@needs_dot
+def test_sam2_page_without_an_export_says_how_to_make_one() -> None:
+    page = (built_site() / "models" / "sam2.1-hiera-tiny.html").read_text()
+    section = page[page.index('<section id="edge-split">'):]
+    assert "built without an export" in section and "kestrel site --edge edge/" in section
+    assert "kestrel export sam2.1-hiera-tiny --target onnx --size 512 --out edge/" in section
+    assert "kestrel serve --export edge/" in section and "validation.json" in section
+
+
+def test_the_label_measure_finds_labels_on_labels_and_on_nodes() -> None:
+    svg = """<svg xmlns="http://www.w3.org/2000/svg"><g class="graph">
+<g class="node"><title>a</title><polygon points="0,0 100,0 100,-30 0,-30 0,0"/>
+<text text-anchor="middle" x="50" y="-10" font-size="10">a</text></g>
+<g class="edge"><title>a-&gt;b</title><text text-anchor="middle" x="50" y="-50" font-size="9">Tensor[B, N; T]</text></g>
+<g class="edge"><title>a-&gt;c</title><text text-anchor="middle" x="60" y="-48" font-size="9">Tensor[B, M; T]</text></g>
+<g class="edge"><title>c-&gt;d</title><text text-anchor="start" x="90" y="-12" font-size="9">Tensor[D]</text></g>
+<g class="edge"><title>c-&gt;e</title><text text-anchor="start" x="300" y="-12" font-size="9">Tensor[E]</text></g>
+</g></svg>"""
+    assert label_clashes(svg) == ["'Tensor[B, N; T]' / 'Tensor[B, M; T]'", "'Tensor[D]' on node 'a'"]

@@ -309,25 +309,101 @@ def test_graphs_pan_and_zoom_and_open_block_listings(browser, site_url):
     page.wait_for_function("location.hash.startsWith('#b-')")
     target = page.evaluate("location.hash")
     assert target == "#b-sam--TwoWayTransformer" and _below_header(page, target + " h3")
-    # blocks collapse to one node each, fitted whole again, and expand back
+    # every collapsible block to one node, fitted whole again, and back
     expanded = fig.locator("svg.kg-svg g.node").count()
     fig.locator("button.level").click()
-    page.wait_for_function("document.querySelector('#graph-decode_points button.level').textContent"
-                           " === 'Expand blocks'")
+    assert fig.locator("button.level").inner_text() == "Expand blocks"
+    _shown(page, "graph-decode_points", 3)  # _points and _decode (mask_decoder is drawn inside _decode)
     collapsed = fig.locator("svg.kg-svg g.node").count()
     assert 0 < collapsed < expanded / 2 and fig.evaluate(FITTED_JS)[1] >= 0.95
-    assert fig.locator("svg.kg-svg g.cluster").count() == 0
+    assert fig.locator('svg.kg-svg g.cluster[id*="-kb"]').count() == 0  # no collapsible group left open
     fig.locator("button.level").click()
+    _shown(page, "graph-decode_points", 0)
     assert fig.locator("svg.kg-svg g.node").count() == expanded and fig.evaluate(FITTED_JS)[1] >= 0.95
     # collapsed, encode_image is one call of the vision encoder, which links to its listing
     preview = page.locator("#preview")
     preview.locator("button.level").click()
-    page.wait_for_function("document.querySelector('#preview button.level').textContent === 'Expand blocks'")
+    _shown(page, "preview", 1)
     encoder = preview.locator("svg.kg-svg a", has=page.locator("text", has_text="vision_encoder")).first
     assert encoder.get_attribute("xlink:href") == "#b-sam--VisionEncoder"
     encoder.click()
     page.wait_for_function("location.hash === '#b-sam--VisionEncoder'")
     assert _below_header(page, "#b-sam--VisionEncoder h3")
+    assert not problems, "\n".join(problems)
+    page.close()
+
+
+def _shown(page, figure: str, mask: int) -> None:
+    """Wait until the figure shows the graph laid out for ``mask`` (fetched, swapped in and fitted)."""
+    page.wait_for_function(f"document.getElementById({figure!r}).dataset.shown === '{mask}'", timeout=10_000)
+
+
+def test_blocks_collapse_one_by_one_stay_fitted_and_open_their_listings(browser, site_url):
+    """Each sub-block collapses alone (its caption's [-], or the toolbar) and opens again (its node's [+]);
+    every state is fitted whole; a group's caption and a collapsed block's node open its listing."""
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    problems = _watch(page)
+    page.goto(site_url + "models/sam-vit-base.html#graph-decode_points")
+    fig = page.locator("#graph-decode_points")
+    switches = fig.locator(".graph-blocks button")
+    assert switches.all_inner_texts() == ["_points()", "_decode()", "mask_decoder"]
+    nodes = fig.locator("svg.kg-svg g.node")
+    expanded = nodes.count()
+    pressed = "f => [...f.querySelectorAll('.graph-blocks button')].map(b => b.getAttribute('aria-pressed'))"
+
+    # mask_decoder alone, by the [-] on its group's caption: one node with [+], the rest still open
+    caption = fig.locator('g.cluster[id$="-kb2"]')
+    assert caption.locator("text.kg-toggle").text_content() == "[-]"
+    caption.locator("text.kg-toggle").click()
+    _shown(page, "graph-decode_points", 4)
+    assert fig.evaluate(pressed) == ["false", "false", "true"]
+    node = fig.locator('g.node[id$="-kb2"]')
+    assert node.locator("text.kg-toggle").text_content() == "[+]" and "mask_decoder" in node.text_content()
+    assert nodes.count() < expanded - 20 and fig.locator('g.cluster[id$="-kb1"]').count() == 1
+    share = fig.evaluate(FITTED_JS)[1]
+    assert share >= 0.95, f"collapsing mask_decoder left {share:.0%} of the graph in view"
+    count, bad = fig.locator("svg.kg-svg").evaluate(OVERLAPS_JS)  # the [+] beside a bold name included
+    assert count > 0 and not bad, bad[:5]
+    # then _points too, from the toolbar; then mask_decoder open again by its node's [+]
+    switches.nth(0).click()
+    _shown(page, "graph-decode_points", 5)
+    assert fig.evaluate(FITTED_JS)[1] >= 0.95 and fig.evaluate(pressed) == ["true", "false", "true"]
+    assert not fig.locator("svg.kg-svg").evaluate(OVERLAPS_JS)[1]
+    fig.locator('g.node[id$="-kb2"] text.kg-toggle').click()
+    _shown(page, "graph-decode_points", 1)
+    assert fig.evaluate(FITTED_JS)[1] >= 0.95 and fig.locator('g.cluster[id$="-kb2"]').count() == 1
+    assert page.evaluate("location.hash") == "#graph-decode_points"  # a switch follows no link
+    page.screenshot(path=str(ARTIFACTS / "sam-vit-base.decode_points.collapsed-points.png"))
+    switches.nth(0).click()
+    _shown(page, "graph-decode_points", 0)
+    assert nodes.count() == expanded
+
+    # a group's caption opens the block's listing, below the header
+    fig.locator('g.cluster[id$="-kb2"] a').click()
+    page.wait_for_function("location.hash === '#b-sam--MaskDecoder'")
+    assert _below_header(page, "#b-sam--MaskDecoder h3")
+    # so does a collapsed block's node (its name, not its [+])
+    page.goto(site_url + "models/sam-vit-base.html#graph-decode_points")
+    fig.locator('g.cluster[id$="-kb2"] text.kg-toggle').click()
+    _shown(page, "graph-decode_points", 4)
+    fig.locator('g.node[id$="-kb2"] text', has_text="MaskDecoder<").click()
+    page.wait_for_function("location.hash === '#b-sam--MaskDecoder'")
+    assert _below_header(page, "#b-sam--MaskDecoder h3")
+
+    # every switch of every graph on the page: collapsed alone, the graph is fitted whole and then opens again
+    page.goto(site_url + "models/sam-vit-base.html")
+    figures = page.locator("figure.graph[data-graphs]")
+    for f in range(figures.count()):
+        figure = figures.nth(f)
+        name = figure.get_attribute("id")
+        for i in range(figure.locator(".graph-blocks button").count()):
+            figure.scroll_into_view_if_needed()
+            figure.locator(".graph-blocks button").nth(i).click()
+            _shown(page, name, 1 << i)
+            share = figure.evaluate(FITTED_JS)[1]
+            assert share >= 0.95, f"#{name}, block {i} collapsed: {share:.0%} of the graph in view"
+            figure.locator(".graph-blocks button").nth(i).click()
+            _shown(page, name, 0)
     assert not problems, "\n".join(problems)
     page.close()
 
@@ -345,6 +421,6 @@ def test_sam2_page_shows_the_512_split(browser, site_url):
     tables = section.locator("table.edge-tables tbody tr").all_inner_texts()
     assert len(tables) == 8 and any(t.startswith("prompt_img_pos.bin") and "[1, 256, 32, 32]" in t for t in tables)
     for words in ("sha256", "validation.json", "kestrel export sam2.1-hiera-tiny --target onnx --size 512",
-                  "kestrel serve --export edge/", "instead of 1024x1024"):
+                  "kestrel serve --export edge/", "instead of 1024x1024", "kestrel site --edge edge/"):
         assert words in text, words
     page.close()

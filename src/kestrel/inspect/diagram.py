@@ -4,7 +4,9 @@ What is drawn is derived from the checked program: the entry's recorded graph, w
 blocks (and the block's own typed functions) expanded as labelled groups down to ``expand`` levels and
 collapsed to one node below that; calls into untyped helpers (``self._fourier``, a local ``def heads``)
 grouped under the helper's name; a loop over a sub array drawn once, marked ``x Layers``; params as
-small side inputs; chains of one-input ops (``flatten · transpose``) merged into one node. Every
+small side inputs; chains of one-input ops (``flatten · transpose``) merged into one node. A group
+can also be collapsed alone, named by its key in ``Diagram.units`` (the registry site lays out each
+combination of a graph's largest groups, so that a reader collapses and opens them one by one). Every
 edge carries the type the checker inferred for that value, written in the model's own generics (callee
 types are translated through the substitution recorded at each call).
 
@@ -44,6 +46,7 @@ class DNode:
     detail: str = ""  # a second, smaller line (a call's block type)
     where: str = ""  # file:line of the source
     block: str = ""  # a call's block (qualname), for a link to its listing
+    key: str = ""  # a collapsed block or helper call: the call's key (see ``Cluster.key``)
 
 
 @dataclass
@@ -52,6 +55,10 @@ class Cluster:
     caption: str
     kind: str  # call, loop, helper
     parent: str | None = None
+    # a sub block's or helper's call: a key that names this call in every diagram of the entry, whatever
+    # else is collapsed (the path of graph positions from the entry), so that it can be collapsed alone
+    key: str = ""
+    block: str = ""  # the called block (qualname), for a link to its listing
 
 
 @dataclass
@@ -60,6 +67,8 @@ class Diagram:
     nodes: list[DNode] = field(default_factory=list)
     edges: list[tuple[str, str, str]] = field(default_factory=list)  # (from, to, type text)
     clusters: dict[str, Cluster] = field(default_factory=dict)
+    # the calls drawn as groups that could be drawn as one node each, in drawing order: (key, caption)
+    units: list[tuple[str, str]] = field(default_factory=list)
 
     def node(self, nid: str) -> DNode:
         return next(n for n in self.nodes if n.id == nid)
@@ -75,8 +84,9 @@ ValueKey = tuple[int, int]  # (frame, value id in that frame's graph)
 
 
 class _Builder:
-    def __init__(self, report: Report, root: BlockDecl, expand: int, results: list[tuple[str, str]]) -> None:
-        self.report, self.expand = report, expand
+    def __init__(self, report: Report, root: BlockDecl, expand: int, results: list[tuple[str, str]],
+                 collapse: frozenset[str] = frozenset()) -> None:
+        self.report, self.expand, self.collapse = report, expand, collapse
         self.results = results  # the entry's (name, declared type) per result
         self.decls = {b.qualname: b for b in report.blocks}
         self.order: AtomOrder = root.order
@@ -104,7 +114,7 @@ class _Builder:
 
     # -- one graph (the entry's, or an expanded callee's)
     def walk(self, graph: Graph, depth: int, cluster: str | None, bindings: list[Binding],
-             inputs: list[ValueKey] | None) -> list[ValueKey]:
+             inputs: list[ValueKey] | None, path: str = "") -> list[ValueKey]:
         frame = self.frames
         self.frames += 1
 
@@ -119,7 +129,7 @@ class _Builder:
         helpers: dict[tuple, str] = {}  # helper scope prefix -> its cluster, or its collapsed node
         results: list[ValueKey] = []
         given = iter(inputs or [])
-        for node in graph.nodes:
+        for index, node in enumerate(graph.nodes):
             keys_in = [(frame, v) for v in node.inputs]
             if node.kind == "input":
                 if inputs is not None:
@@ -129,7 +139,7 @@ class _Builder:
                 if inputs is not None:
                     results.append(self.resolve(keys_in[0]))
                     continue
-            where_cluster, collapsed = self.place(node, depth, cluster, helpers, frame)
+            where_cluster, collapsed = self.place(node, depth, cluster, helpers, frame, path)
             if collapsed is not None:
                 for k in keys_in:
                     self.connect(k, collapsed)
@@ -139,11 +149,17 @@ class _Builder:
             callee = self.report.graphs.get(node.callee) if node.callee else None
             # a block's own typed functions are drawn as groups at the caller's level; sub blocks one level down
             inner = depth + (node.kind == "sub")
-            if node.kind in ("sub", "fn") and callee is not None and inner <= self.expand and len(bindings) < 16:
-                self.expand_call(node, callee, graph, inner, where_cluster, bindings, frame, keys_in)
+            key = f"{path}/{index}"
+            # sub block calls can be collapsed one by one; a block's own functions always show their insides
+            folded = node.kind == "sub" and key in self.collapse
+            if (node.kind in ("sub", "fn") and callee is not None and inner <= self.expand and len(bindings) < 16
+                    and not folded):
+                self.expand_call(node, callee, graph, inner, where_cluster, bindings, frame, keys_in, key)
                 continue
             nid = self.add(f"n{len(self.d.nodes)}", *self.describe(node, graph, bindings), where_cluster,
                            where=_where(node))
+            if folded:
+                self.d.node(nid).key = key
             if node.kind in ("sub", "fn"):
                 self.d.node(nid).detail = node.detail.rsplit(".", 1)[0] if node.kind == "sub" else ""
                 if node.callee is not None:
@@ -159,19 +175,24 @@ class _Builder:
         return results
 
     def place(self, node: Node, depth: int, cluster: str | None, helpers: dict[tuple, str],
-              frame: int) -> tuple[str | None, str | None]:
+              frame: int, path: str = "") -> tuple[str | None, str | None]:
         """The cluster a node is drawn in, or the collapsed helper node that stands for it."""
         scope = node.scope
         for k in range(1, len(scope) + 1):
             prefix = scope[:k]
-            if depth + k > self.expand:  # collapsed: one node for this helper call
+            key = f"{path}/h:" + "/".join(f"{name}@{site}" for name, site in prefix)
+            if depth + k > self.expand or key in self.collapse:  # collapsed: one node for this helper call
                 if prefix not in helpers:
                     helpers[prefix] = self.add(f"h{frame}_{len(helpers)}", prefix[-1][0], "helper", cluster,
                                                "helper", _where(node))
+                    if depth + k <= self.expand:  # collapsed by choice: it can be expanded again
+                        self.d.node(helpers[prefix]).key = key
                 return cluster, helpers[prefix]
             if prefix not in helpers:
                 cid = f"cluster_h{frame}_{len(helpers)}"
-                self.d.clusters[cid] = Cluster(cid, f"{prefix[-1][0]}  (helper)", "helper", cluster)
+                caption = f"{prefix[-1][0]}  (helper)"
+                self.d.clusters[cid] = Cluster(cid, caption, "helper", cluster, key=key)
+                self.d.units.append((key, caption))
                 helpers[prefix] = cid
             cluster = helpers[prefix]
         return cluster, None
@@ -207,7 +228,7 @@ class _Builder:
         return format_poly(count, self.order)
 
     def expand_call(self, node: Node, callee: Graph, caller: Graph, depth: int, cluster: str | None,
-                    bindings: list[Binding], frame: int, keys_in: list[ValueKey]) -> None:
+                    bindings: list[Binding], frame: int, keys_in: list[ValueKey], key: str) -> None:
         subst = node.subst or {}
         binding = Binding(dict(subst.get("dims", {})), dict(subst.get("shapes", {})), dict(subst.get("dtypes", {})))
         count = self.loop_count(node, caller, bindings)
@@ -215,8 +236,14 @@ class _Builder:
         caption = f"{node.op}: {node.detail}" if node.kind == "sub" else node.op
         if count is not None:
             caption += f"   x {count}"
-        self.d.clusters[cid] = Cluster(cid, caption, "loop" if count is not None else "call", cluster)
-        outs = self.walk(callee, depth, cid, [binding, *bindings], keys_in)
+        block = node.callee[0] if node.callee else ""
+        if node.kind == "sub":
+            self.d.clusters[cid] = Cluster(cid, caption, "loop" if count is not None else "call", cluster, key, block)
+            self.d.units.append((key, caption))
+        else:  # the block's own function: drawn open always, its caption still opens the block's listing
+            self.d.clusters[cid] = Cluster(cid, caption, "loop" if count is not None else "call", cluster,
+                                           block=block)
+        outs = self.walk(callee, depth, cid, [binding, *bindings], keys_in, key)
         for v, inner in zip(node.outputs, outs):
             self.alias[(frame, v)] = inner
 
@@ -313,8 +340,12 @@ def _where(node: Node) -> str:
     return f"{Path(node.file).name}:{node.line}"
 
 
-def entry_diagram(root: type[Block], entry: str, expand: int = 1, report: Report | None = None) -> Diagram:
-    """The entry's graph: calls expanded as groups down to ``expand`` levels, collapsed below."""
+def entry_diagram(root: type[Block], entry: str, expand: int = 1, report: Report | None = None,
+                  collapse: frozenset[str] = frozenset()) -> Diagram:
+    """The entry's graph: calls expanded as groups down to ``expand`` levels, collapsed below.
+
+    ``collapse`` names calls (keys of ``Diagram.units``) drawn as one node although within ``expand``.
+    """
     if expand < 0:
         raise DiagramError(f"--expand must be 0 or more, got {expand}")
     report = report or check_program(root)
@@ -328,12 +359,36 @@ def entry_diagram(root: type[Block], entry: str, expand: int = 1, report: Report
     from .printer import format_signature
 
     fn = next(fn for fn in decl.functions if fn.name == entry)
-    b = _Builder(report, decl, expand, result_names(fn, decl))
+    b = _Builder(report, decl, expand, result_names(fn, decl), frozenset(collapse))
     b.d.title = f"{decl.qualname}.{format_signature(fn, decl.order)}"
     b.walk(report.graphs[(decl.qualname, entry)], 0, None, [], None)
     _merge_runs(b.d)
     _dedupe_edges(b.d)
     return b.d
+
+
+def unit_nesting(d: Diagram) -> dict[str, tuple[str | None, int]]:
+    """Each unit's key -> (the key of the unit it is drawn inside, or None; how many nodes it holds)."""
+    keyed = {c.id: c.key for c in d.clusters.values() if c.key}
+
+    def enclosing(cid: str | None) -> list[str]:  # the cluster and those around it, innermost first
+        out = []
+        while cid is not None:
+            out.append(cid)
+            cid = d.clusters[cid].parent
+        return out
+
+    sizes = dict.fromkeys(keyed.values(), 0)
+    for n in d.nodes:
+        for cid in enclosing(n.cluster):
+            if cid in keyed:
+                sizes[keyed[cid]] += 1
+    out: dict[str, tuple[str | None, int]] = {}
+    for c in d.clusters.values():
+        if c.key:
+            parent = next((keyed[p] for p in enclosing(c.parent) if p in keyed), None)
+            out[c.key] = (parent, sizes[c.key])
+    return out
 
 
 def _dedupe_edges(d: Diagram) -> None:
@@ -430,13 +485,19 @@ def _split_top(text: str) -> list[str]:
     return [*out, cur.strip()] if cur.strip() else out
 
 
+TOGGLES = ("[-]", "[+]")  # the marks a page's script makes into collapse and expand switches
+
+
 def to_dot(d: Diagram, theme: str = "light", nodesep: float = 0.4,
-           link: Callable[[str], str | None] | None = None) -> str:
+           link: Callable[[str], str | None] | None = None, toggles: dict[str, int] | None = None) -> str:
     """Graphviz DOT for the diagram: clusters for groups, every edge labelled with its type.
 
-    ``link`` maps a block's qualname to a URL: a collapsed call of that block then links to it (the
-    registry site links each to the block's listing).
+    ``link`` maps a block's qualname to a URL: a collapsed call of that block, and a group's caption,
+    then link to it (the registry site links each to the block's listing). ``toggles`` maps a call's key
+    (``Diagram.units``) to its number: its group's caption then starts with ``[-]`` and its collapsed
+    node with ``[+]``, and both carry ``id="kb<number>"`` for the page's script.
     """
+    toggles = toggles or {}
     if theme not in THEMES:
         raise DiagramError(f"unknown theme {theme!r}; choose one of {', '.join(THEMES)}")
     th = THEMES[theme]
@@ -466,14 +527,25 @@ def to_dot(d: Diagram, theme: str = "light", nodesep: float = 0.4,
                  "loop": f'fillcolor="{th.call}", peripheries=2, class="k-call k-loop"',
                  "helper": f'fillcolor="{th.helper}", style="rounded,filled,dashed", class="k-helper"',
                  "op": 'class="k-op"'}[n.kind]
+        toggle = toggles.get(n.key) if n.key else None
+        # the expand mark: its own cell, so it is a text of its own in the SVG
+        mark = (f'<TD ROWSPAN="{2 if n.detail else 1}" VALIGN="MIDDLE">{TOGGLES[1]}</TD>'
+                if toggle is not None else "")
+        spacing = 3 if mark else 0  # room between the mark and the name (Graphviz measures bold text short)
         if n.detail:
             # a table, so each line gets its font's full height (lines of one text block would touch)
-            label = (f'<<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="0" CELLPADDING="1">'
-                     f"<TR><TD><B>{escape(n.label)}</B></TD></TR>"
+            label = (f'<<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="{spacing}" CELLPADDING="1">'
+                     f"<TR>{mark}<TD><B>{escape(n.label)}</B></TD></TR>"
                      f'<TR><TD><FONT POINT-SIZE="9" COLOR="{th.muted}">{escape(n.detail)}</FONT></TD></TR></TABLE>>')
+        elif mark:
+            label = (f'<<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="{spacing}" CELLPADDING="1">'
+                     f"<TR>{mark}<TD>{escape(n.label)}</TD></TR></TABLE>>")
         else:
             label = _q(n.label)
         tip = f", tooltip={_q(n.where)}" if n.where else ""
+        if toggle is not None:
+            tip += f', id="kb{toggle}"'
+
         url = link(n.block) if link is not None and n.block else None
         if url:
             tip += f", href={_q(url)}, target=\"_top\""
@@ -485,7 +557,18 @@ def to_dot(d: Diagram, theme: str = "light", nodesep: float = 0.4,
             fill = th.helper if c.kind == "helper" else th.cluster
             style = "rounded,filled,dashed" if c.kind == "helper" else "rounded,filled"
             out.append(f"{indent}subgraph {cid} {{")
-            out.append(f'{indent}  label={_q(c.caption)}; style="{style}"; fillcolor="{fill}"; '
+            toggle = toggles.get(c.key) if c.key else None
+            url = link(c.block) if link is not None and c.block else None
+            label = _q(c.caption)
+            if toggle is not None or url:
+                # cells: the collapse mark a text of its own, the caption a link to the block's listing
+                cells = f"<TD>{TOGGLES[0]}</TD>" if toggle is not None else ""
+                cells += (f'<TD HREF="{escape(url)}" TARGET="_top" TOOLTIP="{escape(c.caption)}: its listing">'
+                          if url else "<TD>") + f"{escape(c.caption)}</TD>"
+                label = f'<<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="3" CELLPADDING="0"><TR>{cells}</TR></TABLE>>'
+                if toggle is not None:
+                    out.append(f'{indent}  id="kb{toggle}";')
+            out.append(f'{indent}  label={label}; style="{style}"; fillcolor="{fill}"; '
                        f'color="{th.cluster_border}"; fontsize=10; fontcolor="{th.muted}"; labeljust=l; '
                        f'penwidth={2 if c.kind == "loop" else 1}; class="k-cluster k-{c.kind}";')
             emit(cid, indent + "  ")
@@ -564,7 +647,7 @@ def label_overlaps(svg: str) -> int:
 
 
 def render(d: Diagram, fmt: str = "svg", theme: str = "light",
-           link: Callable[[str], str | None] | None = None) -> bytes:
+           link: Callable[[str], str | None] | None = None, toggles: dict[str, int] | None = None) -> bytes:
     """Lay the diagram out with Graphviz and return the SVG or PNG bytes.
 
     Graphviz sizes labels with its own font metrics, and now and then sets two edge labels a few
@@ -573,7 +656,7 @@ def render(d: Diagram, fmt: str = "svg", theme: str = "light",
     if fmt not in ("svg", "png"):
         raise DiagramError(f"unknown diagram format {fmt!r}; write .svg, .png or .dot")
     for nodesep in (0.4, 0.55, 0.75):
-        dot = to_dot(d, theme, nodesep, link)
+        dot = to_dot(d, theme, nodesep, link, toggles)
         svg = _dot(dot, "svg", d.title)
         if not label_overlaps(svg.decode()):
             break
@@ -594,5 +677,5 @@ def write_diagram(d: Diagram, path: Path, theme: str = "light") -> None:
     write_bytes(path, data)
 
 
-__all__ = ["THEMES", "Cluster", "DNode", "Diagram", "DiagramError", "entry_diagram", "render", "result_names",
-           "theme_css", "to_dot", "write_diagram"]
+__all__ = ["THEMES", "TOGGLES", "Cluster", "DNode", "Diagram", "DiagramError", "entry_diagram", "render",
+           "result_names", "theme_css", "to_dot", "unit_nesting", "write_diagram"]

@@ -4,7 +4,8 @@ A model page holds, in the seeds' order, the preview graph of the main entry, th
 generics table (as the checkpoint binds them) and every block as ``kestrel inspect`` prints it, each
 block anchored and its sub types linked to their blocks. After those: the card (what the model is, the
 checkpoint with revision and license, how to load it, the tasks it serves), the parameter manifest, a
-graph per entry, and benchmark charts when a ``bench/run.py --out`` results file is given.
+graph per entry (its largest groups collapsible one by one: every combination is laid out here, the page
+swaps them in), SAM 2.1's edge split (with an export's files when given), and benchmark charts.
 
 Everything on a page is derived from the declarations, the checked graphs and the card.
 """
@@ -28,14 +29,14 @@ from ..blocks.block import bind_generics
 from ..blocks.decl import BlockDecl, SubDecl
 from ..checker.check import Report, check_program
 from ..errors import KestrelError
-from ..inspect.diagram import entry_diagram, render, theme_css
+from ..inspect.diagram import Diagram, entry_diagram, render, theme_css, unit_nesting
 from ..inspect.manifest import parameter_rows
 from ..inspect.printer import format_block, format_signature, listed_blocks
 from ..models.capabilities import TASKS
 from ..models.cards import CARDS, Card
 from ..types.dtypes import DTypeKind
 from .charts import bench_charts
-from .edge import edge_section, has_edge_split
+from .edge import EdgeExport, EdgeExportError, edge_section, has_edge_split, read_edge_export
 
 ASSETS = ("site.css", "site.js")
 PAN_ZOOM = "svg-pan-zoom.min.js"  # npm's svg-pan-zoom (web/package.json), copied in at build time
@@ -54,6 +55,27 @@ class SiteError(KestrelError, ValueError):
     """A site that cannot be built as asked (an unknown model, an unreadable results file)."""
 
 
+# A graph's blocks (and helpers) that a reader can collapse one by one: the largest groups, at most
+# TOGGLES_MAX of them (every combination is laid out at build time: 2**n graphs at most), each holding at
+# least TOGGLE_MIN_NODES nodes (a smaller group drawn as one node saves nothing).
+TOGGLES_MAX = 5
+TOGGLE_MIN_NODES = 4
+
+
+@dataclass
+class Unit:
+    """A group of an entry graph that collapses to one node: its key, caption and enclosing unit."""
+
+    key: str
+    caption: str
+    parent: int  # the index of the unit it is drawn inside, or -1
+
+    @property
+    def name(self) -> str:
+        """What the toolbar calls it: the sub's path (``mask_decoder``) or the helper's name."""
+        return self.caption.split(":", 1)[0].replace("  (helper)", "()").strip()
+
+
 @dataclass
 class Program:
     """One root block, checked once, with its entry graphs rendered once (cards of a family share it)."""
@@ -61,7 +83,33 @@ class Program:
     root: type[Block]
     report: Report
     svgs: dict[str, str]  # entry -> SVG, block calls expanded one level (what the page opens with)
-    collapsed: dict[str, str] = field(default_factory=dict)  # entry -> SVG with every block call one node
+    units: dict[str, list[Unit]] = field(default_factory=dict)  # entry -> its collapsible groups
+    # entry -> mask (bit i: unit i collapsed; no bit under a set bit) -> SVG; mask 0 is ``svgs``
+    variants: dict[str, dict[int, str]] = field(default_factory=dict)
+
+
+def collapsible_units(d: Diagram) -> list[Unit]:
+    """The groups of a fully expanded graph a reader can collapse, in drawing order."""
+    nesting = unit_nesting(d)
+    biggest = sorted((k for k in nesting if nesting[k][1] >= TOGGLE_MIN_NODES), key=lambda k: -nesting[k][1])
+    chosen = set(biggest[:TOGGLES_MAX])
+    keys = [k for k, _ in d.units if k in chosen]
+    units = []
+    for key, caption in d.units:
+        if key not in chosen:
+            continue
+        parent = nesting[key][0]
+        while parent is not None and parent not in chosen:  # the nearest enclosing unit that is a toggle
+            parent = nesting[parent][0]
+        units.append(Unit(key, caption, keys.index(parent) if parent is not None else -1))
+    return units
+
+
+def unit_masks(units: list[Unit]) -> list[int]:
+    """Every state worth laying out: no unit collapsed inside a collapsed one (that looks the same)."""
+    def ok(mask: int) -> bool:
+        return all(not mask >> i & 1 or u.parent < 0 or not mask >> u.parent & 1 for i, u in enumerate(units))
+    return [m for m in range(1 << len(units)) if ok(m)]
 
 
 # -------------------------------------------------------------------------------------- helpers
@@ -170,29 +218,42 @@ def _preview_caption(entry: str) -> str:
             f"checker inferred at that point, in the model's own generics.")
 
 
-def _graph_figure(card: Card, entry: str, svg: str, fig_id: str, caption: str, top: bool = False) -> str:
+def _graph_figure(card: Card, entry: str, svg: str, fig_id: str, caption: str, top: bool = False,
+                  units: list[Unit] | None = None) -> str:
     href = f"../graphs/{card.name}.{entry}.svg"
     width, height = _svg_size(svg)
     # the box: the page's width, as tall as the graph needs up to 72% of the window (the whole graph is
     # fitted into it; zoom for detail); the preview under the page's title ends within the first screen
-    window = "max(320px, 100vh - 260px)" if top else "72vh"
+    window = f"max(320px, 100vh - {295 if units else 260}px)" if top else "72vh"  # less the "Blocks:" row
     box = f"height: min({window}, {max(height, 160):.0f}px)"
     tools = ('<button type="button" data-zoom="in" aria-label="zoom in" title="zoom in (+)">+</button>'
              '<button type="button" data-zoom="out" aria-label="zoom out" title="zoom out (-)">&#8722;</button>'
              '<button type="button" data-zoom="fit" title="fit the whole graph (0)">Fit</button>'
              '<button type="button" data-zoom="actual" title="natural size (1)">Actual size</button>'
-             f'<button type="button" class="level" data-collapsed="../graphs/{card.name}.{entry}.collapsed.svg" '
-             'title="every block call as one node, or expanded one level">Collapse blocks</button>'
-             '<span class="hint">drag: pan · wheel, + −, keys + − 0 1 ← → ↑ ↓: zoom, move · '
-             'a block: its listing</span>')
-    return (f'<figure class="graph" id="{fig_id}" data-width="{width:.0f}" data-height="{height:.0f}">\n'
-            f'<div class="graph-tools">{tools}<a href="{href}">Open the SVG</a></div>\n'
+             + ('<button type="button" class="level" title="every block below as one node, or all open">'
+                'Collapse blocks</button>' if units else "")
+             + '<span class="hint">drag: pan · wheel, + −, keys + − 0 1 ← → ↑ ↓: zoom, move · '
+             "a block's name: its listing" + (" · [-] [+]: collapse, expand it" if units else "") + "</span>")
+    # a switch per collapsible group (also drawn in the graph: [-] on its caption, [+] on its node); the
+    # script fetches graphs/<card>.<entry>.m<mask>.svg, laid out at build time for each combination
+    blocks = data = ""
+    if units:
+        blocks = ('<div class="graph-blocks" role="group" aria-label="collapse or expand a block">'
+                  '<span class="label">Blocks:</span>'
+                  + "".join(f'<button type="button" data-unit="{i}" aria-pressed="false" '
+                            f'title="{escape(u.caption)}: draw it as one node, or open it">{escape(u.name)}</button>'
+                            for i, u in enumerate(units)) + "</div>\n")
+        data = (f' data-graphs="../graphs/{card.name}.{entry}"'
+                f' data-parents="{" ".join(str(u.parent) for u in units)}"')
+    return (f'<figure class="graph" id="{fig_id}" data-width="{width:.0f}" data-height="{height:.0f}"{data}>\n'
+            f'<div class="graph-tools">{tools}<a href="{href}">Open the SVG</a></div>\n{blocks}'
             f'<div class="kg" tabindex="0" aria-label="graph of {escape(entry)}: drag to pan, + and - to zoom" '
             f'style="{box}">{_inline_svg(svg, fig_id)}</div>\n'
             f"<figcaption>{escape(caption)}</figcaption>\n</figure>")
 
 
-def model_page(card: Card, program: Program, bench: list[dict[str, Any]] | None) -> str:
+def model_page(card: Card, program: Program, bench: list[dict[str, Any]] | None,
+               export: EdgeExport | None = None) -> str:
     root = program.root
     decl = root.decl()
     blocks = listed_blocks(root)
@@ -207,7 +268,7 @@ def model_page(card: Card, program: Program, bench: list[dict[str, Any]] | None)
            *([("edge-split", "Edge split (512)")] if edge else []), ("benchmarks", "Benchmarks")]
     parts.append('<nav class="toc">' + " ".join(f'<a href="#{a}">{t}</a>' for a, t in toc) + "</nav>")
     parts.append(_graph_figure(card, main_entry, program.svgs[main_entry], "preview", _preview_caption(main_entry),
-                               top=True))
+                               top=True, units=program.units.get(main_entry)))
 
     parts.append('<section id="entries">\n<h2>Entries</h2>')
     parts.append(_table(["Entry", "Signature"],
@@ -242,11 +303,12 @@ def model_page(card: Card, program: Program, bench: list[dict[str, Any]] | None)
             parts.append(f'<p id="{fid}">The <code>{escape(fn.name)}</code> graph is the '
                          f'<a href="#preview">preview above</a>.</p>')
             continue
-        parts.append(_graph_figure(card, fn.name, program.svgs[fn.name], fid, _preview_caption(fn.name)))
+        parts.append(_graph_figure(card, fn.name, program.svgs[fn.name], fid, _preview_caption(fn.name),
+                                   units=program.units.get(fn.name)))
     parts.append("</section>")
 
     if edge:
-        parts.append(edge_section(card, root))
+        parts.append(edge_section(card, root, export))
     parts.append('<section id="benchmarks">\n<h2>Benchmarks</h2>')
     charts = bench_charts(bench, card.family.name) if bench else ""
     parts.append(charts or "<p>No benchmark results for this model: <code>bench/run.py</code> does not measure "
@@ -340,21 +402,28 @@ def _programs(cards: list[Card], progress: bool) -> dict[str, Program]:
     by_root: dict[type[Block], list[Card]] = {}
     for card in cards:
         by_root.setdefault(card.family.root(card.config), []).append(card)
-    jobs = []
     reports: dict[type[Block], Report] = {}
+    units: dict[type[Block], dict[str, list[Unit]]] = {}
+    jobs: list[tuple[type[Block], str, int]] = []  # (root, entry, mask): one Graphviz layout each
     for root in by_root:
         reports[root] = check_program(root)
-        jobs += [(root, fn.name, level) for fn in root.decl().entries for level in (1, 0)]
+        units[root] = {}
+        for fn in root.decl().entries:
+            units[root][fn.name] = collapsible_units(entry_diagram(root, fn.name, 1, report=reports[root]))
+            jobs += [(root, fn.name, mask) for mask in unit_masks(units[root][fn.name])]
 
     listed = {root: {b.qualname for b in listed_blocks(root)} for root in by_root}
 
     def draw(job: tuple[type[Block], str, int]) -> str:
-        root, entry, level = job
+        root, entry, mask = job
+        these = units[root][entry]
 
         def link(qualname: str) -> str | None:  # a block call opens the block's listing on the page
             return f"#{block_anchor(qualname)}" if qualname in listed[root] else None
 
-        return render(entry_diagram(root, entry, level, report=reports[root]), "svg", link=link).decode()
+        collapse = frozenset(u.key for i, u in enumerate(these) if mask >> i & 1)
+        d = entry_diagram(root, entry, 1, report=reports[root], collapse=collapse)
+        return render(d, "svg", link=link, toggles={u.key: i for i, u in enumerate(these)}).decode()
 
     from tqdm import tqdm
 
@@ -363,10 +432,13 @@ def _programs(cards: list[Card], progress: bool) -> dict[str, Program]:
                          disable=not progress))
     out: dict[str, Program] = {}
     for root, group in by_root.items():
-        entries = {e: svg for (r, e, level), svg in zip(jobs, svgs) if r is root and level == 1}
-        collapsed = {e: svg for (r, e, level), svg in zip(jobs, svgs) if r is root and level == 0}
+        variants: dict[str, dict[int, str]] = {}
+        for (r, entry, mask), svg in zip(jobs, svgs):
+            if r is root:
+                variants.setdefault(entry, {})[mask] = svg
+        entries = {entry: v[0] for entry, v in variants.items()}
         for card in group:
-            out[card.name] = Program(root, reports[root], entries, collapsed)
+            out[card.name] = Program(root, reports[root], entries, units[root], variants)
     return out
 
 
@@ -394,13 +466,26 @@ def read_bench(path: Path | None) -> list[dict[str, Any]] | None:
 
 
 def build_site(out: Path, models: list[str] | None = None, bench: Path | None = None,
-               progress: bool = False) -> list[Path]:
-    """Write the site under ``out`` (replacing what an earlier build wrote there); return the pages."""
+               progress: bool = False, edge: Path | None = None) -> list[Path]:
+    """Write the site under ``out`` (replacing what an earlier build wrote there); return the pages.
+
+    ``edge``: a ``kestrel export`` folder of a SAM 2.1 card's 512 split, copied in and linked from its page.
+    """
     names = models or list(CARDS)
     unknown = [n for n in names if n not in CARDS]
     if unknown:
         raise SiteError(f"unknown model {', '.join(unknown)}; known models: {', '.join(CARDS)}")
     cards = [CARDS[n] for n in names]
+    export, exported = None, None
+    if edge is not None:
+        try:
+            export = read_edge_export(Path(edge))
+        except EdgeExportError as e:
+            raise SiteError(str(e)) from None
+        exported = next((c for c in cards if c.repo == export.repo and has_edge_split(c)), None)
+        if exported is None:
+            raise SiteError(f"{edge} is an export of {export.repo or 'an unnamed model'}, which no SAM 2.1 card "
+                            f"of this build is; build its card (--models) or give its export")
     results = read_bench(bench)
     programs = _programs(cards, progress)
 
@@ -433,11 +518,14 @@ def build_site(out: Path, models: list[str] | None = None, bench: Path | None = 
     pages.append(out / "index.html")
     for card in cards:
         program = programs[card.name]
-        (tmp / "models" / f"{card.name}.html").write_text(model_page(card, program, results))
-        for suffix, svgs in (("", program.svgs), (".collapsed", program.collapsed)):
-            for entry, svg in svgs.items():  # block links point at the model page from here
+        linked = export if card is exported else None
+        (tmp / "models" / f"{card.name}.html").write_text(model_page(card, program, results, linked))
+        if linked is not None:
+            linked.copy_to(tmp / "edge" / card.name)
+        for entry, variants in program.variants.items():
+            for mask, svg in variants.items():  # block links point at the model page from here
                 svg = svg.replace('xlink:href="#b-', f'xlink:href="../models/{card.name}.html#b-')
-                (tmp / "graphs" / f"{card.name}.{entry}{suffix}.svg").write_text(svg)
+                (tmp / "graphs" / f"{card.name}.{entry}{f'.m{mask}' if mask else ''}.svg").write_text(svg)
         pages.append(out / "models" / f"{card.name}.html")
     if out.exists():
         if not (out / "index.html").exists() and any(out.iterdir()):

@@ -18,14 +18,13 @@
 
   // Graphs: each opens fitted whole in its box (the SVG's viewBox does that without any script); with
   // svg-pan-zoom (npm, copied in at build time) it pans by dragging and zooms by the wheel, the buttons
-  // and the keys + - 0 1 and the arrows once the box has focus. "Collapse blocks" swaps in the graph
-  // with every block call drawn as one node (fetched once), and back.
+  // and the keys + - 0 1 and the arrows once the box has focus.
   function setUpGraph(figure) {
     var box = figure.querySelector('.kg');
     var svg = box && box.querySelector('svg.kg-svg');
     if (!svg) { return; }
     if (typeof window.svgPanZoom !== 'function') {
-      figure.querySelectorAll('[data-zoom], button.level').forEach(function (b) { b.disabled = true; });
+      figure.querySelectorAll('[data-zoom], button.level, .graph-blocks button').forEach(function (b) { b.disabled = true; });
       return;
     }
     var pz = null;
@@ -71,44 +70,99 @@
     }, true);
     window.addEventListener('resize', fit);
 
+    // Blocks collapse one by one: state is a bit per collapsible group (the toolbar's switches, [-] on a
+    // group's caption, [+] on its collapsed node). Every combination was laid out at build time as
+    // graphs/<card>.<entry>.m<mask>.svg, with no group collapsed inside a collapsed one (it looks the same).
+    var prefix = figure.getAttribute('data-graphs');
+    if (!prefix) { return; }
+    var parents = figure.getAttribute('data-parents').split(' ').map(Number);
+    var all = (1 << parents.length) - 1;
+    var mask = 0;
+    var shown = 0;  // the laid-out combination on screen
+    var graphs = { 0: svg };
     var level = figure.querySelector('button.level');
-    var other = null;  // the graph not shown: the collapsed one once fetched, or the expanded one
-    if (level) {
-      level.addEventListener('click', function () {
-        var swap = function (next) {
-          var current = svg;
-          pz.destroy();
-          pz = null;
-          current.replaceWith(next);
-          other = current;
-          attach(next);
-          var collapsed = level.textContent === 'Collapse blocks';
-          level.textContent = collapsed ? 'Expand blocks' : 'Collapse blocks';
-          figure.classList.toggle('collapsed', collapsed);
-        };
-        if (other) { swap(other); return; }
-        level.disabled = true;
-        fetch(level.getAttribute('data-collapsed')).then(function (r) {
-          if (!r.ok) { throw new Error('HTTP ' + r.status); }
-          return r.text();
-        }).then(function (text) {
-          var doc = new DOMParser().parseFromString(text, 'image/svg+xml');
-          var next = document.importNode(doc.documentElement, true);
-          next.querySelectorAll('[id]').forEach(function (el) { el.id = figure.id + '-c-' + el.id; });
-          next.querySelectorAll('a').forEach(function (a) {  // the file links to the model page; here, to this page
-            var href = a.getAttribute('xlink:href');
-            if (href && href.indexOf('#') >= 0) { a.setAttribute('xlink:href', href.slice(href.indexOf('#'))); }
-          });
-          next.setAttribute('width', '100%');
-          next.setAttribute('height', '100%');
-          next.setAttribute('class', 'kg-svg');
-          next.setAttribute('role', 'img');
-          swap(next);
-        }).catch(function (err) {
-          level.textContent = 'Collapse blocks (unavailable: ' + err.message + ')';
-        }).finally(function () { level.disabled = false; });
+    var switches = figure.querySelectorAll('.graph-blocks button[data-unit]');
+    var asked = 0;  // the latest request wins when fetches come back out of order
+    function drawn(m) {  // the combination that looks like m: bits under a set bit cleared
+      var out = m;
+      parents.forEach(function (p, i) {
+        for (var q = p; q >= 0; q = parents[q]) { if (m >> q & 1) { out &= ~(1 << i); break; } }
+      });
+      return out;
+    }
+    function graph(m) {
+      if (graphs[m]) { return Promise.resolve(graphs[m]); }
+      return fetch(prefix + '.m' + m + '.svg').then(function (r) {
+        if (!r.ok) { throw new Error('HTTP ' + r.status); }
+        return r.text();
+      }).then(function (text) {
+        var doc = new DOMParser().parseFromString(text, 'image/svg+xml');
+        var next = document.importNode(doc.documentElement, true);
+        next.querySelectorAll('[id]').forEach(function (el) { el.id = figure.id + '-' + el.id; });
+        next.querySelectorAll('a').forEach(function (a) {  // the file links to the model page; here, to this page
+          var href = a.getAttribute('xlink:href');
+          if (href && href.indexOf('#') >= 0) { a.setAttribute('xlink:href', href.slice(href.indexOf('#'))); }
+        });
+        next.setAttribute('width', '100%');
+        next.setAttribute('height', '100%');
+        next.setAttribute('class', 'kg-svg');
+        next.setAttribute('role', 'img');
+        graphs[m] = next;
+        return next;
       });
     }
+    function mark(element) {  // the [-] and [+] texts Graphviz drew become switches
+      parents.forEach(function (p, i) {
+        var group = element.querySelector('[id="' + figure.id + '-kb' + i + '"]');
+        if (!group) { return; }
+        group.querySelectorAll('text').forEach(function (t) {
+          if (t.textContent === '[-]' || t.textContent === '[+]') {
+            t.classList.add('kg-toggle');
+            t.setAttribute('data-unit', String(i));
+          }
+        });
+      });
+    }
+    mark(svg);
+    figure.setAttribute('data-shown', '0');
+    function set(m) {
+      mask = m;
+      switches.forEach(function (b) {
+        b.setAttribute('aria-pressed', String((mask >> Number(b.getAttribute('data-unit')) & 1) === 1));
+      });
+      if (level) { level.textContent = mask === all ? 'Expand blocks' : 'Collapse blocks'; }
+      figure.classList.toggle('collapsed', mask !== 0);
+      var want = drawn(mask);
+      var ticket = ++asked;
+      if (want === shown) { return Promise.resolve(); }
+      figure.setAttribute('aria-busy', 'true');
+      return graph(want).then(function (next) {
+        if (ticket !== asked) { return; }
+        var current = svg;
+        pz.destroy();
+        pz = null;
+        current.replaceWith(next);
+        mark(next);
+        attach(next);
+        shown = want;
+        figure.setAttribute('data-shown', String(shown));  // what the tests wait for
+      }).catch(function (err) {
+        if (level) { level.textContent = 'Collapse blocks (unavailable: ' + err.message + ')'; }
+      }).finally(function () { if (ticket === asked) { figure.removeAttribute('aria-busy'); } });
+    }
+    switches.forEach(function (b) {
+      b.addEventListener('click', function () { set(mask ^ (1 << Number(b.getAttribute('data-unit')))); });
+    });
+    if (level) { level.addEventListener('click', function () { set(mask === all ? 0 : all); }); }
+    // a click on [-] or [+] in the graph (not the end of a drag) switches that group, and follows no link
+    box.addEventListener('click', function (e) {
+      var t = e.target.closest ? e.target.closest('.kg-toggle') : null;
+      if (!t) { return; }
+      e.preventDefault();
+      e.stopPropagation();
+      if (down && Math.hypot(e.clientX - down[0], e.clientY - down[1]) > 4) { return; }
+      set(mask ^ (1 << Number(t.getAttribute('data-unit'))));
+    });
   }
   document.querySelectorAll('figure.graph').forEach(setUpGraph);
 
