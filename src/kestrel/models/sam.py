@@ -60,17 +60,15 @@ class Deconv2x2(sam_parts.Deconv2x2):
 # ---------------------------------------------------------------------------------- image encoder
 
 
-class VisionAttention(Block):
+class VisionAttention(transformer.MultiHead):
     """Self-attention over a ``Wh x Wh`` window with decomposed relative positions (MViTv2).
 
     The score of query ``(h, w)`` against key ``(h', w')`` gains ``q . Rh[h - h'] + q . Rw[w - w']``.
     """
 
-    D: Dim
-    Heads: Dim
     Wh: Dim
     T: Float
-    where = "Heads > 0, D % Heads == 0, Wh > 0"
+    where = "Wh > 0"
 
     qkv: Linear["D, 3 * D, T"]
     proj: Linear["D, D, T"]
@@ -99,14 +97,11 @@ class VisionAttention(Block):
         return rel_h.reshape(Bw, heads, wh * wh, wh), rel_w.reshape(Bw, heads, wh * wh, wh)
 
 
-class VisionLayerWindowed(Block):
+class VisionLayerWindowed(transformer.MultiHead):
     """A pre-norm layer whose attention runs in 14 x 14 windows of the zero-padded 70 x 70 grid."""
 
-    D: Dim
-    Heads: Dim
     Inner: Dim
     T: Float
-    where = "Heads > 0, D % Heads == 0"
 
     layer_norm1: LayerNorm["D, T"]
     attn: VisionAttention["D, Heads, 14, T"]
@@ -154,15 +149,13 @@ class VisionNeck(Block):
         return self.ln2(self.conv2(x))
 
 
-class VisionEncoder(Block):
+class VisionEncoder(transformer.MultiHead):
     """Patch embedding, the layers (windowed or global, as the checkpoint's layout says), the neck."""
 
-    D: Dim
-    Heads: Dim
     Inner: Dim
     Hd: Dim
     T: Float
-    where = "Heads > 0, D % Heads == 0, D > 0, Hd > 0"
+    where = "D > 0, Hd > 0"
     layout: ClassVar[dict[str, Any]] = {"layer": ("windowed", "windowed", "global") * 4}  # ViT-B's, the seed's
 
     patch_embed: Conv2d["3, D, 16, 16, 0, T"]

@@ -92,13 +92,10 @@ def _unpartition(w, B, n):
     return w.reshape(B, n * win, n * win, C)
 
 
-class WindowAttention(Block):
+class WindowAttention(transformer.MultiHead):
     """Multi-head self-attention inside each window (one fused qkv projection)."""
 
-    D: Dim
-    Heads: Dim
     T: Float
-    where = "Heads > 0, D % Heads == 0"
 
     qkv: Linear["D, 3 * D, T"]
     proj: Linear["D, D, T"]
@@ -133,19 +130,17 @@ class PoolAttention(Block):
         return self.proj(y.transpose(1, 2).reshape(Bw, self.Q, self.Q, self.Dout))
 
 
-class HieraLayer(Block):
+class HieraLayer(transformer.MultiHead):
     """A pre-norm layer attending in ``Win x Win`` windows of the ``Side`` map padded by ``Pad``.
 
     With ``Win = Side`` and ``Pad = 0`` it is a global layer: one window, the whole map.
     """
 
-    D: Dim
-    Heads: Dim
     Win: Dim
     Side: Dim
     Pad: Dim
     T: Float
-    where = "Heads > 0, D % Heads == 0, Win > 0, (Side + Pad) % Win == 0, Side + Pad >= Win"
+    where = "Win > 0, (Side + Pad) % Win == 0, Side + Pad >= Win"
 
     layer_norm1: LayerNorm["D, T"]
     attn: WindowAttention["D, Heads, T"]
