@@ -9,7 +9,6 @@ an upscaling path to 256 x 256, and one hypernetwork MLP per mask token. Every e
 four masks (the single-mask one first, then the three multimask ones) with their predicted IoUs.
 """
 
-import math
 from typing import Any, ClassVar
 
 from ..blocks import Block, Dim, Float, Layers, Param, each, entry, f32, variant
@@ -109,15 +108,8 @@ class VisionLayerWindowed(transformer.MultiHead):
     mlp: GeluMlp["D, Inner, T"]
 
     def forward(self, x: "Tensor[B, 64, 64, D; T]") -> "Tensor[B, 64, 64, D; T]":
-        B = x.shape[0]
         n = -(-GRID // WINDOW)  # windows per side
-        padded = n * WINDOW
-        h = ops.pad(self.layer_norm1(x), [0, 0, 0, padded - GRID, 0, padded - GRID])
-        h = h.reshape(B, n, WINDOW, n, WINDOW, self.D).permute(0, 1, 3, 2, 4, 5)
-        h = self.attn(h.reshape(B * n * n, WINDOW, WINDOW, self.D))
-        h = h.reshape(B, n, n, WINDOW, WINDOW, self.D).permute(0, 1, 3, 2, 4, 5)
-        h = h.reshape(B, padded, padded, self.D)[:, :GRID, :GRID, :]
-        x = x + h
+        x = x + sam_parts.window_attention(self.attn, self.layer_norm1(x), WINDOW, n, n * WINDOW - GRID, GRID)
         return x + self.mlp(self.layer_norm2(x))
 
 
@@ -241,11 +233,7 @@ class TwoWayAttentionBlock(Block):
         self, queries: "Tensor[B, Pts, Nq, Hd; T]", keys: "Tensor[B, Pts, Nk, Hd; T]",
         qpe: "Tensor[B, Pts, Nq, Hd; T]", kpe: "Tensor[B, Pts, Nk, Hd; T]",
     ) -> "(Tensor[B, Pts, Nq, Hd; T], Tensor[B, Pts, Nk, Hd; T])":
-        k = keys + kpe
-        queries = self.layer_norm2(queries + self.cross_attn_token_to_image(queries + qpe, k, keys))
-        queries = self.layer_norm3(queries + self.mlp(queries))
-        keys = self.layer_norm4(keys + self.cross_attn_image_to_token(k, queries + qpe, queries))
-        return queries, keys
+        return sam_parts.two_way_tail(self, queries, keys, qpe, kpe, self.cross_attn_image_to_token)
 
 
 class TwoWayTransformer(Block):
@@ -412,7 +400,7 @@ class Model(Block):
         return self._decode(image_embeddings, sparse_embeddings, dense_embeddings)
 
     def _points(self, points, labels):
-        emb = self._fourier((points + 0.5) / IMAGE)
+        emb = sam_parts.fourier((points + 0.5) / IMAGE, self.positional_embedding)
         labels = labels.unsqueeze(-1)
         emb = ops.where(ops.eq(labels, -1), self.not_a_point_embed, emb)
         emb = ops.where(ops.eq(labels, -10), 0.0, emb)
@@ -423,7 +411,7 @@ class Model(Block):
         B, Nb, _ = boxes.shape
         corners = ((boxes + 0.5) / IMAGE).reshape(B, Nb, 2, 2)
         corner_kind = ops.cat([self.point_embed_2, self.point_embed_3], dim=0)
-        return self._fourier(corners) + corner_kind
+        return sam_parts.fourier(corners, self.positional_embedding) + corner_kind
 
     def _no_mask(self, image_embeddings):
         B = image_embeddings.shape[0]
@@ -433,16 +421,10 @@ class Model(Block):
         B = image_embeddings.shape[0]
         return self.mask_decoder(image_embeddings, self._image_pe(B), sparse, dense)
 
-    def _fourier(self, coords):
-        """Random Fourier features ``[sin, cos](2 pi (2c - 1) G)`` of coordinates in [0, 1]."""
-        c = ops.matmul(coords * 2 - 1, self.positional_embedding) * (2 * math.pi)
-        return ops.cat([ops.sin(c), ops.cos(c)], dim=-1)
-
     def _image_pe(self, B):
         """The Fourier features of every grid cell's centre, ``[B, Hd, 64, 64]``."""
         g = (ops.arange_like(self.positional_embedding, GRID) + 0.5) / GRID
-        xy = ops.stack([g.unsqueeze(0).expand(GRID, GRID), g.unsqueeze(1).expand(GRID, GRID)], dim=-1)
-        return self._fourier(xy).permute(2, 0, 1).unsqueeze(0).expand(B, self.Hd, GRID, GRID)
+        return sam_parts.grid_fourier(g, self.positional_embedding).expand(B, self.Hd, GRID, GRID)
 
 
 def model_for(depth: int, global_layers: tuple[int, ...] | list[int]) -> type[Block]:
