@@ -195,14 +195,10 @@ class MaskAttention(Block):
         return self.out_proj(y)
 
 
-class TwoWayAttentionBlock(Block):
+class TwoWayAttentionBlock(sam_parts.TwoWaySizes):
     """Tokens attend to themselves, then to the image; the image then attends to the tokens."""
 
-    Hd: Dim
-    Heads: Dim
-    Inner: Dim
     T: Float
-    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0"
 
     self_attn: MaskAttention["Hd, Hd, Heads, T"]
     layer_norm1: LayerNorm["Hd, T"]
@@ -236,12 +232,8 @@ class TwoWayAttentionBlock(Block):
         return sam_parts.two_way_tail(self, queries, keys, qpe, kpe, self.cross_attn_image_to_token)
 
 
-class TwoWayTransformer(Block):
-    Hd: Dim
-    Heads: Dim
-    Inner: Dim
+class TwoWayTransformer(sam_parts.TwoWaySizes):
     T: Float
-    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0"
     final_eps = 1e-5  # upstream's last norm keeps torch's default eps
 
     layer_0: TwoWayAttentionBlock["Hd, Heads, Inner, T"]
@@ -260,12 +252,9 @@ class TwoWayTransformer(Block):
         return ops.layer_norm(queries + attn, norm.weight, norm.bias, self.final_eps), keys
 
 
-class MaskDecoder(Block):
-    Hd: Dim
-    Heads: Dim
-    Inner: Dim
+class MaskDecoder(sam_parts.TwoWaySizes):
     T: Float
-    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0, Hd % 8 == 0, Hd >= 8"
+    where = "Hd % 8 == 0, Hd >= 8"
 
     iou_token: Param["1, Hd; T"]
     mask_tokens: Param["4, Hd; T"]

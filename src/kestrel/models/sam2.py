@@ -329,14 +329,10 @@ class MaskAttention(Block):
         return t.reshape(b, p, n, self.Heads, self.Internal // self.Heads).transpose(2, 3)
 
 
-class TwoWayAttentionBlock(Block):
+class TwoWayAttentionBlock(sam_parts.TwoWaySizes):
     """Tokens attend to themselves, then to the image; the image then attends to the tokens."""
 
-    Hd: Dim
-    Heads: Dim
-    Inner: Dim
     T: Float
-    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0"
 
     self_attn: MaskAttention["Hd, Hd, Heads, T"]
     layer_norm1: TokenNorm["Hd, T"]
@@ -373,12 +369,8 @@ class TwoWayAttentionBlock(Block):
         return sam_parts.two_way_tail(self, queries, keys, qpe, kpe, image_to_token)
 
 
-class TwoWayTransformer(Block):
-    Hd: Dim
-    Heads: Dim
-    Inner: Dim
+class TwoWayTransformer(sam_parts.TwoWaySizes):
     T: Float
-    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0"
 
     layer_0: TwoWayAttentionBlock["Hd, Heads, Inner, T"]
     layer_1: TwoWayAttentionBlock["Hd, Heads, Inner, T"]
@@ -396,18 +388,15 @@ class TwoWayTransformer(Block):
         return self.layer_norm_final_attn(queries + attn), keys
 
 
-class MaskDecoder(Block):
+class MaskDecoder(sam_parts.TwoWaySizes):
     """Object-score, IoU and four mask tokens before the prompt tokens; masks at ``4E x 4E``.
 
     Returns all four masks with their IoU predictions (sigmoid) and the object-score logit.
     """
 
-    Hd: Dim
-    Heads: Dim
-    Inner: Dim
     E: Dim
     T: Float
-    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0, Hd % 8 == 0, Hd >= 8, E > 0"
+    where = "Hd % 8 == 0, Hd >= 8, E > 0"
     stability_delta: float = 0.05
     stability_thresh: float = 0.98
 

@@ -12,6 +12,16 @@ from ..std import ops
 from ..std.nn import Linear
 
 
+class TwoWaySizes(Block, abstract=True):
+    """The mask decoder's sizes, declared once for each of its blocks: the token width ``Hd``, the
+    heads, which also split the halved width of the cross-attentions, and the MLP width."""
+
+    Hd: Dim
+    Heads: Dim
+    Inner: Dim
+    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0"
+
+
 class LayerNormCHW(Block):
     """Layer norm over the channels of a channels-first map (the neck and the mask upscaling path)."""
 
