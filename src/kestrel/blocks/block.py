@@ -60,7 +60,7 @@ class Block(nn.Module):
             REGISTRY.setdefault(cls._kestrel_module, []).append(cls)
         for name, fn in list(cls.__dict__.items()):
             if getattr(fn, "__kestrel_entry__", False):
-                setattr(cls, name, _checked_entry(fn))
+                setattr(cls, name, _checked_entry(fn, name))
 
     def __class_getitem__(cls, args: str) -> SubSpec:  # type: ignore[override]
         return SubSpec(cls, args)
@@ -271,7 +271,10 @@ def _signature(args: tuple, kwargs: dict) -> tuple | None:
             tuple((k, tuple(v.shape), v.dtype) for k, v in kwargs.items()))
 
 
-def _checked_entry(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _checked_entry(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``fn`` as the entry ``name`` (its attribute's name: one function may serve as entries of two
+    blocks under different names), its inputs checked at the call."""
+
     @functools.wraps(fn)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(self, Block) and not torch.compiler.is_compiling():
@@ -279,12 +282,12 @@ def _checked_entry(fn: Callable[..., Any]) -> Callable[..., Any]:
             # block's generics are fixed), and it costs ~0.3 ms, 1% of a SAM decode
             key = _signature(args, kwargs)
             passed = self.__dict__.setdefault("_entry_signatures_passed", set())
-            if key is None or (fn.__name__, key) not in passed:
-                decl = type(self).decl().function(fn.__name__)
+            if key is None or (name, key) not in passed:
+                decl = type(self).decl().function(name)
                 if decl is not None:
                     check_entry_inputs(self, decl, args, kwargs)
                 if key is not None:
-                    passed.add((fn.__name__, key))
+                    passed.add((name, key))
         if not ENTRY_HOOKS:
             return fn(self, *args, **kwargs)
         after = [hook() for hook in ENTRY_HOOKS]

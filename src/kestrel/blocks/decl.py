@@ -10,7 +10,7 @@ import ast
 import inspect
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -97,17 +97,27 @@ class FnDecl:
     def arguments(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         """Positional and keyword arguments by parameter name; ValueError naming what does not fit."""
         names = [n for n, _ in self.params]
-        if len(args) > len(names):
-            raise ValueError(f"{self.name} takes {len(names)} inputs ({', '.join(names)}), given {len(args)}")
-        values = dict(zip(names, args))
-        for k, v in kwargs.items():
-            if k not in names:
-                raise ValueError(f"{self.name} has no input {k!r}; its inputs are {', '.join(names)}")
-            values[k] = v
+        values = arguments_by_name(names, args, kwargs, self.name, ValueError)
         missing = [n for n in names if n not in values]
         if missing:
             raise ValueError(f"{self.name}: missing input {missing[0]!r}")
         return values
+
+
+def arguments_by_name(names: Sequence[str], args: tuple, kwargs: dict, who: str, error: type[Exception],
+                      once: bool = False) -> dict[str, Any]:
+    """The given positional and keyword arguments by input name (entry calls and exported programs);
+    ``error`` naming ``who`` and an extra or unknown input, or with ``once`` one given twice."""
+    if len(args) > len(names):
+        raise error(f"{who} takes {len(names)} inputs ({', '.join(names)}), given {len(args)}")
+    values = dict(zip(names, args))
+    for k, v in kwargs.items():
+        if k not in names:
+            raise error(f"{who} has no input {k!r}; its inputs are {', '.join(names)}")
+        if once and k in values:
+            raise error(f"{who} input {k} given twice")
+        values[k] = v
+    return values
 
 
 def format_signature(fn: FnDecl, order: AtomOrder | None = None) -> str:

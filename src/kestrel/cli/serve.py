@@ -38,6 +38,7 @@ def vendor_dir() -> Path:
 def cmd_serve(args: argparse.Namespace) -> int:
     from ..pipelines.input_rules import check_export_size
     from ..pipelines.readers import read_edge_manifest
+    from ..site.serve import serve_until_interrupted
     from ..web.server import App, ServeError, make_server, require_loopback
 
     require_loopback(args.host)
@@ -63,12 +64,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host, port = server.server_address[:2]
     url = f"http://{host if ':' not in host else f'[{host}]'}:{port}/"
     print(f"kestrel serve: {url}  (export {export}; encoder in the {args.encode}; Ctrl-C stops)", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+    serve_until_interrupted(server)
     return 0
 
 

@@ -21,16 +21,14 @@ operator chain of its serialized graph, ``et_vk.prepack`` included).
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import logging
 import math
 import operator
 import re
 import tempfile
-import warnings
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +36,7 @@ import torch
 from torch import nn
 
 from ..errors import KestrelError
+from .manifest import quiet
 
 BACKENDS = ("webgpu", "xnnpack", "portable")
 
@@ -98,7 +97,8 @@ def lower(module: nn.Module, inputs: Sequence[torch.Tensor], backend: str, name:
     partitioners = _partitioners(backend)
     logging.getLogger().setLevel(root_level)  # the Vulkan partitioner's import sets the root logger to INFO
     module = module.eval()
-    with torch.no_grad(), _quiet():
+    # ExecuTorch's lowering logs every op it cannot take at INFO level and warns a lot: keep it quiet
+    with torch.no_grad(), quiet(("",), logging.WARNING):
         try:
             # contiguous examples: the program's inputs keep the examples' dim order
             ep = torch.export.export(module, tuple(t.contiguous() for t in inputs), strict=False)
@@ -404,15 +404,3 @@ def _first_line(e: BaseException) -> str:
     return lines[0] if lines else ""
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """ExecuTorch's lowering logs every op it cannot take at INFO level and warns a lot: keep it quiet."""
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.WARNING)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        root.setLevel(level)

@@ -10,9 +10,13 @@ the lowered program (delegates' op counts, non-delegated kernels, io), then the 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
+import logging
 import platform
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,6 +79,23 @@ def program_outputs(module: nn.Module, examples: Sequence[torch.Tensor], names: 
         raise ValueError(f"the program returns {len(outs)} outputs, but {len(names)} names were given: {list(names)}")
     notes = notes or {}
     return [Port(n, tuple(t.shape), FLOAT_NAMES.get(t.dtype, str(t.dtype)), notes.get(n)) for n, t in zip(names, outs)]
+
+
+@contextlib.contextmanager
+def quiet(loggers: Sequence[str], level: int) -> Iterator[None]:
+    """Exporters' progress lines, notices and warnings are noise for a library call: the named
+    loggers (``""`` is the root) raised to ``level``, warnings ignored and stdout swallowed."""
+    handles = [logging.getLogger(n) for n in loggers]
+    levels = [lg.level for lg in handles]
+    for lg in handles:
+        lg.setLevel(level)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, old in zip(handles, levels):
+            lg.setLevel(old)
 
 
 def sha256_file(path: Path) -> str:

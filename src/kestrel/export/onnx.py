@@ -27,16 +27,13 @@ leaves a truncated model behind; models over 2 GB keep their weights in ``<entry
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import io
 import json
 import logging
 import os
 import shutil
 import tempfile
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,10 +46,11 @@ from ..blocks import Block
 from ..blocks.decl import FnDecl
 from ..errors import KestrelError
 from ..runtime.output import prepare_output, prepare_output_dir, write_bytes
-from ..runtime.signature import Signature, SignatureError, entry_signature
+from ..runtime.signature import Signature, SignatureError, entry_signature, named_entries
 from ..shapes.poly import Poly, format_poly, substitute
 from ..types.dtypes import DType, DTypeVar
 from ..types.tensor import TensorType, TupleType, Variadic
+from .manifest import quiet, sha256_file
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "kestrel-onnx/1"
@@ -103,16 +101,12 @@ def export_onnx(model: Block, out_dir: str | os.PathLike[str], *, batch: int | N
     if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
         raise ExportError(f"batch must be a positive int or None (dynamic), got {batch!r}")
     decl = type(model).decl()
-    available = {f.pyname: f for f in decl.entries}
-    names = list(entries) if entries is not None else list(available)
-    unknown = [n for n in names if n not in available]
-    if unknown:
-        raise ExportError(f"{decl.qualname} has no entry {', '.join(map(repr, unknown))}; "
-                          f"its entries are {', '.join(available) or 'none'}")
+    chosen = named_entries(decl, entries, ExportError)
+    names = list(chosen)
     if not names:
         raise ExportError(f"{decl.qualname}: no entries to export")
     fixed_given = {**dict(dims or {}), **({"B": batch} if batch is not None else {})}
-    own = {n for name in names for n in available[name].free_dims}
+    own = {n for fn in chosen.values() for n in fn.free_dims}
     if dynamic is not None:
         stray = [g for g in dynamic if g not in own]
         if stray:
@@ -121,7 +115,7 @@ def export_onnx(model: Block, out_dir: str | os.PathLike[str], *, batch: int | N
         both = [g for g in dynamic if g in fixed_given]
         if both:
             raise ExportError(f"{', '.join(both)} is both dynamic and given a fixed value")
-    plans = [plan_entry(model, available[n], dynamic, fixed_given) for n in names]
+    plans = [plan_entry(model, fn, dynamic, fixed_given) for fn in chosen.values()]
 
     out = prepare_output_dir(out_dir)
     for target in [*(out / f"{n}.onnx" for n in names), out / MANIFEST]:
@@ -458,11 +452,11 @@ def _describe(path: Path, entry: str, specs: list[InputSpec], output_names: list
         "inputs": [{"name": s.name, "shape": list(s.shape), "dtype": str(s.dtype)} for s in specs],
         "outputs": outputs,
         "opset": next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None),
-        "sha256": _sha256(path),
+        "sha256": sha256_file(path),
         "bytes": path.stat().st_size,
     }
     if data_files:
-        row["external_data"] = [{"file": n, "sha256": _sha256(path.parent / n),
+        row["external_data"] = [{"file": n, "sha256": sha256_file(path.parent / n),
                                  "bytes": (path.parent / n).stat().st_size} for n in data_files]
     return row
 
@@ -471,25 +465,6 @@ _ONNX_DTYPES = {1: "f32", 2: "u8", 3: "i8", 5: "i16", 6: "i32", 7: "i64", 9: "bo
                 16: "bf16"}
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
+def _quiet() -> AbstractContextManager[None]:
     """The exporter's progress lines and its torchvision notices are noise for a library call."""
-    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export", "onnxscript")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
+    return quiet(("torch.onnx", "torch.export", "torch._export", "onnxscript"), logging.ERROR)

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ..runtime.signature import named_entries
 from . import manifest as mf
 from . import validation as val
 from .executorch import ExecuTorchError
@@ -64,13 +65,7 @@ class EntryRecipe(Recipe):
             raise ExecuTorchError(f"the edge export takes a Kestrel model (a Block), got {type(model).__name__}")
         self.bound = model
         decl = type(model).decl()
-        available = {f.pyname: f for f in decl.entries}
-        names = list(entries) if entries is not None else list(available)
-        unknown = [n for n in names if n not in available]
-        if unknown:
-            raise ExecuTorchError(f"{decl.qualname} has no entry {', '.join(map(repr, unknown))}; "
-                                  f"its entries are {', '.join(available) or 'none'}")
-        self.entries = [available[n] for n in names]
+        self.entries = list(named_entries(decl, entries, ExecuTorchError).values())
         self.dims = dict(dims or {})
         self.model = decl.qualname
         self.model_code = f"Kestrel {decl.qualname} (kestrel.{type(model).__module__.split('kestrel.', 1)[-1]})"

@@ -30,13 +30,10 @@ class Attention(transformer.SelfAttention):
     pass
 
 
-class _ScaledLayer(Block, abstract=True):
+class _ScaledLayer(transformer.MultiHead, abstract=True):
     """What both DINOv2 layers share: the attention branch with its LayerScale, and the MLP's norm;
     each layer adds its MLP width, its MLP, the second LayerScale and ``T``."""
 
-    D: Dim
-    Heads: Dim
-    where = "Heads > 0, D % Heads == 0"
 
     norm1: LayerNorm["D, T"]
     attention: Attention["D, Heads, T"]
@@ -57,40 +54,12 @@ class EncoderLayer(_ScaledLayer):
         return x + self.layer_scale2(self.down(ops.gelu_(self.up(self.norm2(x)))))
 
 
-class _Root(Block, abstract=True):
-    """What both DINOv2 roots share: the image generics, the embedding, the class token and the
-    positions, and the forward; each root adds its MLP width, its layers and ``T``."""
+class _Root(transformer.ClassTokenEncoder, abstract=True):
+    """What both DINOv2 roots share: ViT's image side and its tokens as the forward; each root adds
+    its MLP width, its layers and ``T``."""
 
-    Height: Dim
-    Width: Dim
-    Channels: Dim
-    Patch: Dim
-    D: Dim
-    Heads: Dim
-    where = "Patch > 0, Heads > 0, D % Heads == 0, Height >= Patch, Width >= Patch, D > 0, Channels > 0"
-    imports = ("std.nn.linear", "std.nn.norm")
-
-    patch_weight: Param["D, Channels, Patch, Patch; T"]
-    patch_bias: Param["D; T"]
-    class_token: Param["1, 1, D; T"]
-    positions: Param["1, 1 + (Height / Patch) * (Width / Patch), D; T"]
-
-    @entry
-    def forward(
-        self, image: "Tensor[B, Channels, Height, Width; T]"
-    ) -> "Tensor[B, 1 + (Height / Patch) * (Width / Patch), D; T]":
-        x = self._embed(image)
-        cls = self.class_token.expand(x.shape[0], -1, -1)
-        x = ops.cat([cls, x], dim=1) + self.positions
-        for layer in self.layers:
-            x = layer(x)
-        return self.norm(x)
-
-    def _embed(
-        self, image: "Tensor[B, Channels, Height, Width; T]"
-    ) -> "Tensor[B, (Height / Patch) * (Width / Patch), D; T]":
-        x = ops.conv2d(image, self.patch_weight, self.patch_bias, stride=self.Patch)
-        return x.flatten(2).transpose(1, 2)
+    forward = entry(transformer.class_token_features)
+    _embed = transformer.embed_patches
 
 
 class Model(_Root):

@@ -9,7 +9,6 @@ an upscaling path to 256 x 256, and one hypernetwork MLP per mask token. Every e
 four masks (the single-mask one first, then the three multimask ones) with their predicted IoUs.
 """
 
-import math
 from typing import Any, ClassVar
 
 from ..blocks import Block, Dim, Float, Layers, Param, each, entry, f32, variant
@@ -60,17 +59,15 @@ class Deconv2x2(sam_parts.Deconv2x2):
 # ---------------------------------------------------------------------------------- image encoder
 
 
-class VisionAttention(Block):
+class VisionAttention(transformer.MultiHead):
     """Self-attention over a ``Wh x Wh`` window with decomposed relative positions (MViTv2).
 
     The score of query ``(h, w)`` against key ``(h', w')`` gains ``q . Rh[h - h'] + q . Rw[w - w']``.
     """
 
-    D: Dim
-    Heads: Dim
     Wh: Dim
     T: Float
-    where = "Heads > 0, D % Heads == 0, Wh > 0"
+    where = "Wh > 0"
 
     qkv: Linear["D, 3 * D, T"]
     proj: Linear["D, D, T"]
@@ -99,14 +96,11 @@ class VisionAttention(Block):
         return rel_h.reshape(Bw, heads, wh * wh, wh), rel_w.reshape(Bw, heads, wh * wh, wh)
 
 
-class VisionLayerWindowed(Block):
+class VisionLayerWindowed(transformer.MultiHead):
     """A pre-norm layer whose attention runs in 14 x 14 windows of the zero-padded 70 x 70 grid."""
 
-    D: Dim
-    Heads: Dim
     Inner: Dim
     T: Float
-    where = "Heads > 0, D % Heads == 0"
 
     layer_norm1: LayerNorm["D, T"]
     attn: VisionAttention["D, Heads, 14, T"]
@@ -114,15 +108,8 @@ class VisionLayerWindowed(Block):
     mlp: GeluMlp["D, Inner, T"]
 
     def forward(self, x: "Tensor[B, 64, 64, D; T]") -> "Tensor[B, 64, 64, D; T]":
-        B = x.shape[0]
         n = -(-GRID // WINDOW)  # windows per side
-        padded = n * WINDOW
-        h = ops.pad(self.layer_norm1(x), [0, 0, 0, padded - GRID, 0, padded - GRID])
-        h = h.reshape(B, n, WINDOW, n, WINDOW, self.D).permute(0, 1, 3, 2, 4, 5)
-        h = self.attn(h.reshape(B * n * n, WINDOW, WINDOW, self.D))
-        h = h.reshape(B, n, n, WINDOW, WINDOW, self.D).permute(0, 1, 3, 2, 4, 5)
-        h = h.reshape(B, padded, padded, self.D)[:, :GRID, :GRID, :]
-        x = x + h
+        x = x + sam_parts.window_attention(self.attn, self.layer_norm1(x), WINDOW, n, n * WINDOW - GRID, GRID)
         return x + self.mlp(self.layer_norm2(x))
 
 
@@ -154,15 +141,13 @@ class VisionNeck(Block):
         return self.ln2(self.conv2(x))
 
 
-class VisionEncoder(Block):
+class VisionEncoder(transformer.MultiHead):
     """Patch embedding, the layers (windowed or global, as the checkpoint's layout says), the neck."""
 
-    D: Dim
-    Heads: Dim
     Inner: Dim
     Hd: Dim
     T: Float
-    where = "Heads > 0, D % Heads == 0, D > 0, Hd > 0"
+    where = "D > 0, Hd > 0"
     layout: ClassVar[dict[str, Any]] = {"layer": ("windowed", "windowed", "global") * 4}  # ViT-B's, the seed's
 
     patch_embed: Conv2d["3, D, 16, 16, 0, T"]
@@ -210,14 +195,10 @@ class MaskAttention(Block):
         return self.out_proj(y)
 
 
-class TwoWayAttentionBlock(Block):
+class TwoWayAttentionBlock(sam_parts.TwoWaySizes):
     """Tokens attend to themselves, then to the image; the image then attends to the tokens."""
 
-    Hd: Dim
-    Heads: Dim
-    Inner: Dim
     T: Float
-    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0"
 
     self_attn: MaskAttention["Hd, Hd, Heads, T"]
     layer_norm1: LayerNorm["Hd, T"]
@@ -248,19 +229,11 @@ class TwoWayAttentionBlock(Block):
         self, queries: "Tensor[B, Pts, Nq, Hd; T]", keys: "Tensor[B, Pts, Nk, Hd; T]",
         qpe: "Tensor[B, Pts, Nq, Hd; T]", kpe: "Tensor[B, Pts, Nk, Hd; T]",
     ) -> "(Tensor[B, Pts, Nq, Hd; T], Tensor[B, Pts, Nk, Hd; T])":
-        k = keys + kpe
-        queries = self.layer_norm2(queries + self.cross_attn_token_to_image(queries + qpe, k, keys))
-        queries = self.layer_norm3(queries + self.mlp(queries))
-        keys = self.layer_norm4(keys + self.cross_attn_image_to_token(k, queries + qpe, queries))
-        return queries, keys
+        return sam_parts.two_way_tail(self, queries, keys, qpe, kpe, self.cross_attn_image_to_token)
 
 
-class TwoWayTransformer(Block):
-    Hd: Dim
-    Heads: Dim
-    Inner: Dim
+class TwoWayTransformer(sam_parts.TwoWaySizes):
     T: Float
-    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0"
     final_eps = 1e-5  # upstream's last norm keeps torch's default eps
 
     layer_0: TwoWayAttentionBlock["Hd, Heads, Inner, T"]
@@ -279,12 +252,9 @@ class TwoWayTransformer(Block):
         return ops.layer_norm(queries + attn, norm.weight, norm.bias, self.final_eps), keys
 
 
-class MaskDecoder(Block):
-    Hd: Dim
-    Heads: Dim
-    Inner: Dim
+class MaskDecoder(sam_parts.TwoWaySizes):
     T: Float
-    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0, Hd % 8 == 0, Hd >= 8"
+    where = "Hd % 8 == 0, Hd >= 8"
 
     iou_token: Param["1, Hd; T"]
     mask_tokens: Param["4, Hd; T"]
@@ -419,7 +389,7 @@ class Model(Block):
         return self._decode(image_embeddings, sparse_embeddings, dense_embeddings)
 
     def _points(self, points, labels):
-        emb = self._fourier((points + 0.5) / IMAGE)
+        emb = sam_parts.fourier((points + 0.5) / IMAGE, self.positional_embedding)
         labels = labels.unsqueeze(-1)
         emb = ops.where(ops.eq(labels, -1), self.not_a_point_embed, emb)
         emb = ops.where(ops.eq(labels, -10), 0.0, emb)
@@ -430,7 +400,7 @@ class Model(Block):
         B, Nb, _ = boxes.shape
         corners = ((boxes + 0.5) / IMAGE).reshape(B, Nb, 2, 2)
         corner_kind = ops.cat([self.point_embed_2, self.point_embed_3], dim=0)
-        return self._fourier(corners) + corner_kind
+        return sam_parts.fourier(corners, self.positional_embedding) + corner_kind
 
     def _no_mask(self, image_embeddings):
         B = image_embeddings.shape[0]
@@ -440,16 +410,10 @@ class Model(Block):
         B = image_embeddings.shape[0]
         return self.mask_decoder(image_embeddings, self._image_pe(B), sparse, dense)
 
-    def _fourier(self, coords):
-        """Random Fourier features ``[sin, cos](2 pi (2c - 1) G)`` of coordinates in [0, 1]."""
-        c = ops.matmul(coords * 2 - 1, self.positional_embedding) * (2 * math.pi)
-        return ops.cat([ops.sin(c), ops.cos(c)], dim=-1)
-
     def _image_pe(self, B):
         """The Fourier features of every grid cell's centre, ``[B, Hd, 64, 64]``."""
         g = (ops.arange_like(self.positional_embedding, GRID) + 0.5) / GRID
-        xy = ops.stack([g.unsqueeze(0).expand(GRID, GRID), g.unsqueeze(1).expand(GRID, GRID)], dim=-1)
-        return self._fourier(xy).permute(2, 0, 1).unsqueeze(0).expand(B, self.Hd, GRID, GRID)
+        return sam_parts.grid_fourier(g, self.positional_embedding).expand(B, self.Hd, GRID, GRID)
 
 
 def model_for(depth: int, global_layers: tuple[int, ...] | list[int]) -> type[Block]:

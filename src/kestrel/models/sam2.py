@@ -17,7 +17,6 @@ Sizes are generics: ``E`` is the image-embedding side (64 at 1024 px, 32 at 512 
 windows. The layer counts are the layout's (:func:`model_for`).
 """
 
-import math
 from typing import Any, ClassVar
 
 from ..blocks import Array, Block, Dim, Float, Param, Runs, entry, f32, runs, variant
@@ -78,27 +77,10 @@ class Deconv2x2(sam_parts.Deconv2x2):
 # ------------------------------------------------------------------------------------------ Hiera
 
 
-def _partition(x, win, n):
-    """``[B, n * win, n * win, C]`` -> ``[B * n * n, win, win, C]``, window by window."""
-    B, C = x.shape[0], x.shape[3]
-    x = x.reshape(B, n, win, n, win, C).permute(0, 1, 3, 2, 4, 5)
-    return x.reshape(B * n * n, win, win, C)
-
-
-def _unpartition(w, B, n):
-    """The inverse of :func:`_partition`: ``[B * n * n, win, win, C]`` -> ``[B, n * win, n * win, C]``."""
-    win, C = w.shape[1], w.shape[3]
-    w = w.reshape(B, n, n, win, win, C).permute(0, 1, 3, 2, 4, 5)
-    return w.reshape(B, n * win, n * win, C)
-
-
-class WindowAttention(Block):
+class WindowAttention(transformer.MultiHead):
     """Multi-head self-attention inside each window (one fused qkv projection)."""
 
-    D: Dim
-    Heads: Dim
     T: Float
-    where = "Heads > 0, D % Heads == 0"
 
     qkv: Linear["D, 3 * D, T"]
     proj: Linear["D, D, T"]
@@ -133,19 +115,17 @@ class PoolAttention(Block):
         return self.proj(y.transpose(1, 2).reshape(Bw, self.Q, self.Q, self.Dout))
 
 
-class HieraLayer(Block):
+class HieraLayer(transformer.MultiHead):
     """A pre-norm layer attending in ``Win x Win`` windows of the ``Side`` map padded by ``Pad``.
 
     With ``Win = Side`` and ``Pad = 0`` it is a global layer: one window, the whole map.
     """
 
-    D: Dim
-    Heads: Dim
     Win: Dim
     Side: Dim
     Pad: Dim
     T: Float
-    where = "Heads > 0, D % Heads == 0, Win > 0, (Side + Pad) % Win == 0, Side + Pad >= Win"
+    where = "Win > 0, (Side + Pad) % Win == 0, Side + Pad >= Win"
 
     layer_norm1: LayerNorm["D, T"]
     attn: WindowAttention["D, Heads, T"]
@@ -153,11 +133,9 @@ class HieraLayer(Block):
     mlp: GeluMlp["D, 4 * D, T"]
 
     def forward(self, x: "Tensor[B, Side, Side, D; T]") -> "Tensor[B, Side, Side, D; T]":
-        B, side, pad = x.shape[0], self.Side, self.Pad
+        side, pad = self.Side, self.Pad
         n = (side + pad) // self.Win
-        h = ops.pad(self.layer_norm1(x), [0, 0, 0, pad, 0, pad])
-        h = _unpartition(self.attn(_partition(h, self.Win, n)), B, n)
-        x = x + h[:, :side, :side, :]
+        x = x + sam_parts.window_attention(self.attn, self.layer_norm1(x), self.Win, n, pad, side)
         return x + self.mlp(self.layer_norm2(x))
 
 
@@ -184,13 +162,11 @@ class HieraPoolLayer(Block):
     proj: Linear["Din, Dout, T"]
 
     def forward(self, x: "Tensor[B, 2 * Side, 2 * Side, Din; T]") -> "Tensor[B, Side, Side, Dout; T]":
-        B, side, pad = x.shape[0], self.Side, self.Pad
+        side, pad = self.Side, self.Pad
         n = (side + pad) // self.Q
         h = self.layer_norm1(x)
         residual = ops.max_pool2d(self.proj(h).permute(0, 3, 1, 2), 2).permute(0, 2, 3, 1)
-        h = ops.pad(h, [0, 0, 0, 2 * pad, 0, 2 * pad])
-        h = _unpartition(self.attn(_partition(h, 2 * self.Q, n)), B, n)
-        x = residual + h[:, :side, :side, :]
+        x = residual + sam_parts.window_attention(self.attn, h, 2 * self.Q, n, 2 * pad, side)
         return x + self.mlp(self.layer_norm2(x))
 
 
@@ -353,14 +329,10 @@ class MaskAttention(Block):
         return t.reshape(b, p, n, self.Heads, self.Internal // self.Heads).transpose(2, 3)
 
 
-class TwoWayAttentionBlock(Block):
+class TwoWayAttentionBlock(sam_parts.TwoWaySizes):
     """Tokens attend to themselves, then to the image; the image then attends to the tokens."""
 
-    Hd: Dim
-    Heads: Dim
-    Inner: Dim
     T: Float
-    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0"
 
     self_attn: MaskAttention["Hd, Hd, Heads, T"]
     layer_norm1: TokenNorm["Hd, T"]
@@ -391,19 +363,14 @@ class TwoWayAttentionBlock(Block):
         self, queries: "Tensor[B, Pts, Nq, Hd; T]", keys: "Tensor[B, Pts, Nk, Hd; T]",
         qpe: "Tensor[B, Pts, Nq, Hd; T]", kpe: "Tensor[B, Pts, Nk, Hd; T]", bias: "Tensor[B, Pts, 1, 1, Nq; T]",
     ) -> "(Tensor[B, Pts, Nq, Hd; T], Tensor[B, Pts, Nk, Hd; T])":
-        k = keys + kpe
-        queries = self.layer_norm2(queries + self.cross_attn_token_to_image(queries + qpe, k, keys))
-        queries = self.layer_norm3(queries + self.mlp(queries))
-        image_to_token = self.cross_attn_image_to_token.masked(k, queries + qpe, queries, bias)
-        return queries, self.layer_norm4(keys + image_to_token)
+        def image_to_token(q, k, v):  # a padding token is no key of the image's attention either
+            return self.cross_attn_image_to_token.masked(q, k, v, bias)
+
+        return sam_parts.two_way_tail(self, queries, keys, qpe, kpe, image_to_token)
 
 
-class TwoWayTransformer(Block):
-    Hd: Dim
-    Heads: Dim
-    Inner: Dim
+class TwoWayTransformer(sam_parts.TwoWaySizes):
     T: Float
-    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0"
 
     layer_0: TwoWayAttentionBlock["Hd, Heads, Inner, T"]
     layer_1: TwoWayAttentionBlock["Hd, Heads, Inner, T"]
@@ -421,18 +388,15 @@ class TwoWayTransformer(Block):
         return self.layer_norm_final_attn(queries + attn), keys
 
 
-class MaskDecoder(Block):
+class MaskDecoder(sam_parts.TwoWaySizes):
     """Object-score, IoU and four mask tokens before the prompt tokens; masks at ``4E x 4E``.
 
     Returns all four masks with their IoU predictions (sigmoid) and the object-score logit.
     """
 
-    Hd: Dim
-    Heads: Dim
-    Inner: Dim
     E: Dim
     T: Float
-    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0, Hd % 8 == 0, Hd >= 8, E > 0"
+    where = "Hd % 8 == 0, Hd >= 8, E > 0"
     stability_delta: float = 0.05
     stability_thresh: float = 0.98
 
@@ -586,7 +550,7 @@ class Model(HieraSizes):
         """All four masks, IoU predictions and object-score logits for ``Nb`` boxes ``(x1, y1, x2, y2)``."""
         B, Nb, _ = input_boxes.shape
         corners = ((input_boxes + 0.5) / ops.dim_like(input_boxes, 16 * self.E)).reshape(B, Nb, 2, 2)
-        emb = self._fourier(corners, self.prompt_positional_embedding) + self.point_embed[2:4]
+        emb = sam_parts.fourier(corners, self.prompt_positional_embedding) + self.point_embed[2:4]
         nap = self.not_a_point_embed.reshape(1, 1, 1, self.Hd).expand(B, Nb, 1, self.Hd)
         return self._decode(image_embeddings, hr0, hr1, ops.cat([emb, nap], dim=2))
 
@@ -600,8 +564,7 @@ class Model(HieraSizes):
         """The Fourier features of every embedding cell's centre (``decode_tokens``' ``image_pe``)."""
         e = self.E
         g = (ops.arange_like(self.positional_embedding, e) + 0.5) / ops.dim_like(self.positional_embedding, e)
-        xy = ops.stack([g.unsqueeze(0).expand(e, e), g.unsqueeze(1).expand(e, e)], dim=-1)
-        return self._fourier(xy, self.positional_embedding).permute(2, 0, 1).unsqueeze(0)
+        return sam_parts.grid_fourier(g, self.positional_embedding)
 
     def dense_prompt(self) -> "Tensor[1, Hd, E, E; T]":
         """The dense prompt without a mask prompt: ``no_mask_embed`` at every cell (``decode_tokens``' ``dense``)."""
@@ -633,17 +596,13 @@ class Model(HieraSizes):
         # as upstream, one "not a point" is appended to every prompt (at the origin, labelled -1)
         points = ops.pad(input_points + 0.5, [0, 0, 0, 1])
         labels = ops.pad(input_labels, [0, 1], value=-1).unsqueeze(-1)
-        emb = self._fourier(points / ops.dim_like(points, 16 * self.E), self.prompt_positional_embedding)
+        emb = sam_parts.fourier(points / ops.dim_like(points, 16 * self.E), self.prompt_positional_embedding)
         emb = ops.where(ops.eq(labels, -1), self.not_a_point_embed, emb)
         emb = ops.where(ops.eq(labels, -10), 0.0, emb)
         for k in range(4):
             emb = ops.where(ops.eq(labels, k), emb + self.point_embed[k], emb)
         return emb
 
-    def _fourier(self, coords, table):
-        """Random Fourier features ``[sin, cos](2 pi (2c - 1) G)`` of coordinates in [0, 1]."""
-        c = ops.matmul(coords * 2 - 1, table) * (2 * math.pi)
-        return ops.cat([ops.sin(c), ops.cos(c)], dim=-1)
 
 
 def hiera_layout(blocks_per_stage: list[int] | tuple[int, ...], global_blocks: list[int] | tuple[int, ...],

@@ -1,12 +1,25 @@
 """The parts SAM and SAM 2 share, written once; each model inherits them under its own name.
 
 ``sam.FeedForward3`` and ``sam2.FeedForward3`` are both ``class FeedForward3(sam_parts.FeedForward3)``:
-the listing of each program names its own module, the declarations and bodies live here.
+the listing of each program names its own module, the declarations and bodies live here. The
+functions below are helpers both models' block functions call (the checker runs them inline).
 """
+
+import math
 
 from ..blocks import Block, Dim, Float, Param
 from ..std import ops
 from ..std.nn import Linear
+
+
+class TwoWaySizes(Block, abstract=True):
+    """The mask decoder's sizes, declared once for each of its blocks: the token width ``Hd``, the
+    heads, which also split the halved width of the cross-attentions, and the MLP width."""
+
+    Hd: Dim
+    Heads: Dim
+    Inner: Dim
+    where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0"
 
 
 class LayerNormCHW(Block):
@@ -52,3 +65,49 @@ class Deconv2x2(Block):
 
     def forward(self, x: "Tensor[B, Cin, H, W; T]") -> "Tensor[B, Cout, 2 * H, 2 * W; T]":
         return ops.conv_transpose2x2(x, self.weight, self.bias)
+
+
+def _partition(x, win, n):
+    """``[B, n * win, n * win, C]`` -> ``[B * n * n, win, win, C]``, window by window."""
+    B, C = x.shape[0], x.shape[3]
+    x = x.reshape(B, n, win, n, win, C).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(B * n * n, win, win, C)
+
+
+def _unpartition(w, B, n):
+    """The inverse of :func:`_partition`: ``[B * n * n, win, win, C]`` -> ``[B, n * win, n * win, C]``."""
+    win, C = w.shape[1], w.shape[3]
+    w = w.reshape(B, n, n, win, win, C).permute(0, 1, 3, 2, 4, 5)
+    return w.reshape(B, n * win, n * win, C)
+
+
+def window_attention(attn, h, win, n, pad, side):
+    """``attn`` inside each ``win x win`` window of the ``[B, S, S, C]`` map ``h`` zero-padded by ``pad``
+    at the bottom and right to ``n`` windows a side, cropped to ``side`` (SAM's windowed layers,
+    Hiera's, whose windows may shrink the map)."""
+    B = h.shape[0]
+    h = ops.pad(h, [0, 0, 0, pad, 0, pad])
+    return _unpartition(attn(_partition(h, win, n)), B, n)[:, :side, :side, :]
+
+
+def fourier(coords, table):
+    """Random Fourier features ``[sin, cos](2 pi (2c - 1) G)`` of coordinates in [0, 1] (``G`` the table)."""
+    c = ops.matmul(coords * 2 - 1, table) * (2 * math.pi)
+    return ops.cat([ops.sin(c), ops.cos(c)], dim=-1)
+
+
+def grid_fourier(g, table):
+    """:func:`fourier` of every cell of the square grid whose cell centres along an axis are ``g``
+    (in [0, 1], ``[S]``): ``[1, C, S, S]``, x the column's centre and y the row's."""
+    side = g.shape[0]
+    xy = ops.stack([g.unsqueeze(0).expand(side, side), g.unsqueeze(1).expand(side, side)], dim=-1)
+    return fourier(xy, table).permute(2, 0, 1).unsqueeze(0)
+
+
+def two_way_tail(layer, queries, keys, qpe, kpe, image_to_token):
+    """A two-way layer after its self-attention: the tokens attend to the image, their MLP, then the
+    image attends to the tokens through ``image_to_token(query, key, value)`` (SAM 2's masks padding)."""
+    k = keys + kpe
+    queries = layer.layer_norm2(queries + layer.cross_attn_token_to_image(queries + qpe, k, keys))
+    queries = layer.layer_norm3(queries + layer.mlp(queries))
+    return queries, layer.layer_norm4(keys + image_to_token(k, queries + qpe, queries))

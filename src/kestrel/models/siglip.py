@@ -37,14 +37,11 @@ class Attention(transformer.SelfAttention):
     """Multi-head self-attention with separate query, key and value projections."""
 
 
-class EncoderLayer(Block):
+class EncoderLayer(transformer.MultiHead):
     """Pre-norm transformer layer: attention then the MLP, each with a residual."""
 
-    D: Dim
-    Heads: Dim
     Inner: Dim
     T: Float
-    where = "Heads > 0, D % Heads == 0"
 
     norm1: LayerNorm["D, T"]
     attention: Attention["D, Heads, T"]
@@ -56,18 +53,15 @@ class EncoderLayer(Block):
         return x + self.mlp(self.norm2(x))
 
 
-class AttentionPool(Block):
+class AttentionPool(transformer.MultiHead):
     """Multihead attention pooling: a learnt probe attends over the tokens, then a residual MLP.
 
     The attention is ``torch.nn.MultiheadAttention``'s: one packed input projection (query rows
     first, then key, then value) and an output projection.
     """
 
-    D: Dim
-    Heads: Dim
     Inner: Dim
     T: Float
-    where = "Heads > 0, D % Heads == 0"
 
     probe: Param["1, 1, D; T"]
     in_proj_weight: Param["3 * D, D; T"]

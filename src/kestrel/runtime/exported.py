@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..blocks.decl import arguments_by_name
 from ..errors import KestrelError
 from ..types.dtypes import from_torch
 from .signature import KEY, Signature, SignatureError
@@ -62,15 +63,7 @@ class ExportedProgram:
         """The call's inputs in signature order, as tensors (numpy arrays are taken as they are)."""
         names = self.input_names
         where = f"{self.signature.qualname} ({self.path.name})"
-        if len(args) > len(names):
-            raise SignatureError(f"{where}: takes {len(names)} inputs ({', '.join(names)}), given {len(args)}")
-        values = dict(zip(names, args))
-        for k, v in kwargs.items():
-            if k not in names:
-                raise SignatureError(f"{where}: has no input {k!r}; its inputs are {', '.join(names)}")
-            if k in values:
-                raise SignatureError(f"{where}: input {k} given twice")
-            values[k] = v
+        values = arguments_by_name(names, args, kwargs, f"{where}:", SignatureError, once=True)
         missing = [n for n in names if n not in values]
         if missing:
             raise SignatureError(f"{where}: missing input {', '.join(missing)}")

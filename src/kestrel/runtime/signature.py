@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..blocks.block import fact_holds
-from ..blocks.decl import FnDecl, format_signature
+from ..blocks.decl import BlockDecl, FnDecl, format_signature
 from ..errors import KestrelError
 from ..shapes.facts import Fact
 from ..shapes.parse import parse_facts
@@ -237,6 +237,18 @@ def _explain(port: Port, raw: TensorType, declared: TensorType, shape: tuple[int
 
 
 # ----------------------------------------------------------------------------------------- building
+
+
+def named_entries(decl: BlockDecl, entries: Sequence[str] | None, error: type[Exception]) -> dict[str, FnDecl]:
+    """The entries of ``decl`` that ``entries`` names (every one when None), by name in that order;
+    ``error`` names those it does not have."""
+    available = {f.pyname: f for f in decl.entries}
+    names = list(entries) if entries is not None else list(available)
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        raise error(f"{decl.qualname} has no entry {', '.join(map(repr, unknown))}; "
+                    f"its entries are {', '.join(available) or 'none'}")
+    return {n: available[n] for n in names}
 
 
 def entry_signature(model: Any, fn: FnDecl, dynamic: Sequence[str] = (), fixed: Mapping[str, int] | None = None, *,

@@ -27,6 +27,7 @@ from .poly import (
     floordiv,
     format_poly,
     mod,
+    rebuild,
     substitute,
 )
 
@@ -380,13 +381,7 @@ def _map_atoms(p: Poly, f) -> Poly:
             cache[a] = build(f(a.a), f(a.b)) if build is not None else Poly.atom(a)  # type: ignore[attr-defined]
         return cache[a]
 
-    out = ZERO
-    for mono, coef in p.terms:
-        term = Poly.const(coef)
-        for a in mono:
-            term = term * atom(a)
-        out = out + term
-    return out
+    return rebuild(p, atom)
 
 
 def _cancel_exact_divisions(p: Poly, divisors: list[tuple[Poly, Poly]]) -> Poly:

@@ -10,7 +10,7 @@ structure alone (``(4 * H + 2) / 2`` is ``2 * H + 1``); facts from ``where`` cla
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Union
 
 # ----------------------------------------------------------------------------------------- atoms
@@ -480,26 +480,25 @@ def _operand_key(p: Poly) -> tuple:
     return tuple((_mono_key(t), t[1]) for t in p.terms)
 
 
-def minimum(a: Poly, b: Poly) -> Poly:
+def _extremum(a: Poly, b: Poly, smaller: bool) -> Poly:
+    """``min(a, b)`` (``smaller``) or ``max(a, b)``: folded where the order is structural, else one
+    atom whose operands are sorted, so both argument orders intern the same atom."""
     if a.is_const and b.is_const:
-        return Poly.const(min(a.value, b.value))
-    if a == b or _structurally_nonneg(b - a):
-        return a
-    if _structurally_nonneg(a - b):
-        return b
+        return Poly.const(min(a.value, b.value) if smaller else max(a.value, b.value))
+    if a == b or _structurally_nonneg(b - a):  # a <= b
+        return a if smaller else b
+    if _structurally_nonneg(a - b):  # b <= a
+        return b if smaller else a
     x, y = sorted((a, b), key=_operand_key)
-    return Poly.atom(Min(x, y))
+    return Poly.atom(Min(x, y) if smaller else Max(x, y))
+
+
+def minimum(a: Poly, b: Poly) -> Poly:
+    return _extremum(a, b, smaller=True)
 
 
 def maximum(a: Poly, b: Poly) -> Poly:
-    if a.is_const and b.is_const:
-        return Poly.const(max(a.value, b.value))
-    if a == b or _structurally_nonneg(b - a):
-        return b
-    if _structurally_nonneg(a - b):
-        return a
-    x, y = sorted((a, b), key=_operand_key)
-    return Poly.atom(Max(x, y))
+    return _extremum(a, b, smaller=False)
 
 
 _REBUILD = {FloorDiv: floordiv, Mod: mod, Min: minimum, Max: maximum}
@@ -523,6 +522,11 @@ def substitute(p: Poly, binding: Mapping[str, DimLike]) -> Poly:
         cache[a] = out
         return out
 
+    return rebuild(p, atom_value)
+
+
+def rebuild(p: Poly, atom_value: Callable[[Atom], Poly]) -> Poly:
+    """``p`` with each atom replaced by ``atom_value`` of it, re-canonicalised (the caller caches)."""
     total = ZERO
     for mono, coef in p.terms:
         term = Poly.const(coef)

@@ -25,6 +25,11 @@ def serve(root: Path, port: int = 8000) -> None:
     server = make_server(root, port, quiet=False)
     host, bound = server.server_address[:2]
     print(f"serving {root} at http://{host}:{bound}/ (loopback only; Ctrl-C stops)", flush=True)
+    serve_until_interrupted(server)
+
+
+def serve_until_interrupted(server: ThreadingHTTPServer) -> None:
+    """Serve until Ctrl-C, then close the socket (``kestrel site --serve`` and ``kestrel serve``)."""
     try:
         server.serve_forever()
     except KeyboardInterrupt:

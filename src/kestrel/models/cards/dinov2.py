@@ -12,17 +12,13 @@ import torch.nn.functional as F
 from .. import dinov2
 from ..capabilities import Capabilities
 from .base import IMAGENET_MEAN, IMAGENET_STD, Bindings, Card, Family, Transform, pair
+from .vit import embedding_and_attention_rows
 
 _LAYER = r"(?:dinov2\.)?encoder\.layer\.(\d+)\."
 
 BINDINGS = Bindings(
     rows=(
-        (r"(?:dinov2\.)?embeddings\.patch_embeddings\.projection\.weight", "patch_weight"),
-        (r"(?:dinov2\.)?embeddings\.patch_embeddings\.projection\.bias", "patch_bias"),
-        (r"(?:dinov2\.)?embeddings\.cls_token", "class_token"),
-        (r"(?:dinov2\.)?embeddings\.position_embeddings", "positions"),
-        (_LAYER + r"attention\.attention\.(query|key|value)\.(weight|bias)", r"layers.\1.attention.\2.\3"),
-        (_LAYER + r"attention\.output\.dense\.(weight|bias)", r"layers.\1.attention.out.\2"),
+        *embedding_and_attention_rows("dinov2"),
         (_LAYER + r"(norm1|norm2)\.(weight|bias)", r"layers.\1.\2.\3"),
         (_LAYER + r"(layer_scale1|layer_scale2)\.lambda1", r"layers.\1.\2.lambda1"),
         (_LAYER + r"mlp\.fc1\.(weight|bias)", r"layers.\1.up.\2"),

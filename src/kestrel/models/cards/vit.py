@@ -8,16 +8,27 @@ from .. import vit
 from ..capabilities import Capabilities
 from .base import Bindings, Card, Family, pair
 
+
+def embedding_and_attention_rows(prefix: str) -> tuple[tuple[str, str], ...]:
+    """The rows ViT-layout checkpoints share (ViT, DINOv2): patch embedding, class token, positions,
+    each layer's attention; ``prefix`` is the optional model prefix (``vit``, ``dinov2``)."""
+    p = rf"(?:{prefix}\.)?"
+    layer = p + r"encoder\.layer\.(\d+)\."
+    return (
+        (p + r"embeddings\.patch_embeddings\.projection\.weight", "patch_weight"),
+        (p + r"embeddings\.patch_embeddings\.projection\.bias", "patch_bias"),
+        (p + r"embeddings\.cls_token", "class_token"),
+        (p + r"embeddings\.position_embeddings", "positions"),
+        (layer + r"attention\.attention\.(query|key|value)\.(weight|bias)", r"layers.\1.attention.\2.\3"),
+        (layer + r"attention\.output\.dense\.(weight|bias)", r"layers.\1.attention.out.\2"),
+    )
+
+
 _LAYER = r"(?:vit\.)?encoder\.layer\.(\d+)\."
 
 BINDINGS = Bindings(
     rows=(
-        (r"(?:vit\.)?embeddings\.patch_embeddings\.projection\.weight", "patch_weight"),
-        (r"(?:vit\.)?embeddings\.patch_embeddings\.projection\.bias", "patch_bias"),
-        (r"(?:vit\.)?embeddings\.cls_token", "class_token"),
-        (r"(?:vit\.)?embeddings\.position_embeddings", "positions"),
-        (_LAYER + r"attention\.attention\.(query|key|value)\.(weight|bias)", r"layers.\1.attention.\2.\3"),
-        (_LAYER + r"attention\.output\.dense\.(weight|bias)", r"layers.\1.attention.out.\2"),
+        *embedding_and_attention_rows("vit"),
         (_LAYER + r"layernorm_before\.(weight|bias)", r"layers.\1.norm_before.\2"),
         (_LAYER + r"layernorm_after\.(weight|bias)", r"layers.\1.norm_after.\2"),
         (_LAYER + r"intermediate\.dense\.(weight|bias)", r"layers.\1.up.\2"),

@@ -4,33 +4,33 @@ from ...blocks import Block, Dim, Float, Param, f32, optional
 from .. import ops
 
 
-class Conv1d(Block, module="std.nn.conv"):
+class _SquareConv(Block, abstract=True):
+    """The generics, weight and optional bias of a convolution with one kernel size, stride and
+    padding for every spatial axis; each subclass adds its kernel's axes and its forward."""
+
     Cin: Dim
     Cout: Dim
     K: Dim
     Stride: Dim
     Pad: Dim
     T: Float = f32
-    where = "Stride > 0, K > 0, Cin > 0, Cout > 0, L + 2 * Pad >= K"
+    where = "Stride > 0, K > 0, Cin > 0, Cout > 0"
 
     weight: Param["Cout, Cin, K; T"]
     bias: Param["Cout; T", optional]
+
+
+class Conv1d(_SquareConv, module="std.nn.conv"):
+    where = "L + 2 * Pad >= K"
 
     def forward(self, x: "Tensor[B, Cin, L; T]") -> "Tensor[B, Cout, (L + 2 * Pad - K) / Stride + 1; T]":
         return ops.conv1d(x, self.weight, self.bias, stride=self.Stride, padding=self.Pad)
 
 
-class Conv2d(Block, module="std.nn.conv"):
-    Cin: Dim
-    Cout: Dim
-    K: Dim
-    Stride: Dim
-    Pad: Dim
-    T: Float = f32
-    where = "Stride > 0, K > 0, Cin > 0, Cout > 0, H + 2 * Pad >= K, W + 2 * Pad >= K"
+class Conv2d(_SquareConv, module="std.nn.conv"):
+    where = "H + 2 * Pad >= K, W + 2 * Pad >= K"
 
     weight: Param["Cout, Cin, K, K; T"]
-    bias: Param["Cout; T", optional]
 
     def forward(
         self, x: "Tensor[B, Cin, H, W; T]"

@@ -9,6 +9,14 @@ from .. import ops
 from .linear import Linear
 
 
+class MultiHead(Block, abstract=True):
+    """The width ``D`` split into ``Heads`` heads: the generics every multi-head block opens with."""
+
+    D: Dim
+    Heads: Dim
+    where = "Heads > 0, D % Heads == 0"
+
+
 class LayerNorm(Block, module="std.nn.transformer"):
     """Layer norm over the last axis; ``eps`` is a setting (the config's ``layer_norm_eps``)."""
 
@@ -23,13 +31,10 @@ class LayerNorm(Block, module="std.nn.transformer"):
         return ops.layer_norm(x, self.weight, self.bias, self.eps)
 
 
-class SelfAttention(Block, module="std.nn.transformer"):
+class SelfAttention(MultiHead, module="std.nn.transformer"):
     """Multi-head self-attention with separate query, key and value projections."""
 
-    D: Dim
-    Heads: Dim
     T: Float
-    where = "Heads > 0, D % Heads == 0"
 
     query: Linear["D, D, T"]
     key: Linear["D, D, T"]
@@ -46,3 +51,43 @@ class SelfAttention(Block, module="std.nn.transformer"):
         q, k, v = ops.fused_linear(x, [p.weight for p in qkv], [p.bias for p in qkv])
         y = ops.attention(heads(q), heads(k), heads(v))
         return self.out(y.transpose(1, 2).reshape(B, N, self.D))
+
+
+class ClassTokenEncoder(Block, abstract=True):
+    """A ViT's image side as ViT and DINOv2 declare it: ``Patch x Patch`` patches embedded by a
+    strided convolution, a class token in front, learnt positions. A subclass adds its ``layers``
+    and final ``norm``, and binds :func:`class_token_features` and :func:`embed_patches` as its
+    functions (its entry and ``_embed``), so each keeps its own order of functions in its listing."""
+
+    Height: Dim
+    Width: Dim
+    Channels: Dim
+    Patch: Dim
+    D: Dim
+    Heads: Dim
+    where = "Patch > 0, Heads > 0, D % Heads == 0, Height >= Patch, Width >= Patch, D > 0, Channels > 0"
+    imports = ("std.nn.linear", "std.nn.norm")
+
+    patch_weight: Param["D, Channels, Patch, Patch; T"]
+    patch_bias: Param["D; T"]
+    class_token: Param["1, 1, D; T"]
+    positions: Param["1, 1 + (Height / Patch) * (Width / Patch), D; T"]
+
+
+def class_token_features(
+    self, image: "Tensor[B, Channels, Height, Width; T]"
+) -> "Tensor[B, 1 + (Height / Patch) * (Width / Patch), D; T]":
+    """The final normed tokens: the class token, then one per patch."""
+    x = self._embed(image)
+    cls = self.class_token.expand(x.shape[0], -1, -1)
+    x = ops.cat([cls, x], dim=1) + self.positions
+    for layer in self.layers:
+        x = layer(x)
+    return self.norm(x)
+
+
+def embed_patches(
+    self, image: "Tensor[B, Channels, Height, Width; T]"
+) -> "Tensor[B, (Height / Patch) * (Width / Patch), D; T]":
+    x = ops.conv2d(image, self.patch_weight, self.patch_bias, stride=self.Patch)
+    return x.flatten(2).transpose(1, 2)

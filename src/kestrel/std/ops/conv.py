@@ -49,18 +49,27 @@ def _conv_bias(bias: SymTensor | None, out: Poly, weight: SymTensor, what: str) 
     same_dtype(bias, weight, f"{what} bias")
 
 
+def _dense_conv_dims(x: SymTensor, weight: SymTensor, bias: SymTensor | None, what: str, axes: str,
+                     kernel: str) -> tuple[list[Poly], list[Poly]]:
+    """The dims of a dense convolution's input ``[B, Cin, *axes]`` and weight ``[Cout, Cin, *kernel]``,
+    after the checks conv1d and conv2d share (channels, dtypes, bias)."""
+    dx, dw = x.fixed_dims(what), weight.fixed_dims(what)
+    rank = 3 + axes.count(",")
+    if len(dx) != rank or len(dw) != rank:
+        raise ShapeError(f"{what} takes [B, Cin, {axes}] and [Cout, Cin, {kernel}], got {x.show()} and {weight.show()}")
+    same(dx[1], dw[1], f"{what}: input channels differ", x, weight)
+    same_dtype(x, weight, what)
+    float_dtype(x, what)
+    positive(dw[0], f"{what}: the output channels", weight)
+    positive(dx[1], f"{what}: the input channels", x)  # torch gives 0 output channels for 0 input ones
+    _conv_bias(bias, dw[0], weight, what)
+    return dx, dw
+
+
 @conv2d.rule
 def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None, stride: Any = 1,
       padding: Any = 0) -> SymTensor:
-    dx, dw = x.fixed_dims("conv2d"), weight.fixed_dims("conv2d")
-    if len(dx) != 4 or len(dw) != 4:
-        raise ShapeError(f"conv2d takes [B, Cin, H, W] and [Cout, Cin, KH, KW], got {x.show()} and {weight.show()}")
-    same(dx[1], dw[1], "conv2d: input channels differ", x, weight)
-    same_dtype(x, weight, "conv2d")
-    float_dtype(x, "conv2d")
-    positive(dw[0], "conv2d: the output channels", weight)
-    positive(dx[1], "conv2d: the input channels", x)  # torch gives 0 output channels for 0 input ones
-    _conv_bias(bias, dw[0], weight, "conv2d")
+    dx, dw = _dense_conv_dims(x, weight, bias, "conv2d", "H, W", "KH, KW")
     (sh, sw), (ph, pw) = pair(stride), pair(padding)
     h = _conv_out(dx[2], dw[2], as_poly(sh), as_poly(ph), "conv2d", x)
     w = _conv_out(dx[3], dw[3], as_poly(sw), as_poly(pw), "conv2d", x)
@@ -77,15 +86,7 @@ def conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 @conv1d.rule
 def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None, stride: Any = 1,
       padding: Any = 0) -> SymTensor:
-    dx, dw = x.fixed_dims("conv1d"), weight.fixed_dims("conv1d")
-    if len(dx) != 3 or len(dw) != 3:
-        raise ShapeError(f"conv1d takes [B, Cin, L] and [Cout, Cin, K], got {x.show()} and {weight.show()}")
-    same(dx[1], dw[1], "conv1d: input channels differ", x, weight)
-    same_dtype(x, weight, "conv1d")
-    float_dtype(x, "conv1d")
-    positive(dw[0], "conv1d: the output channels", weight)
-    positive(dx[1], "conv1d: the input channels", x)
-    _conv_bias(bias, dw[0], weight, "conv1d")
+    dx, dw = _dense_conv_dims(x, weight, bias, "conv1d", "L", "K")
     return like(x, [dx[0], dw[0], _conv_out(dx[2], dw[2], as_poly(stride), as_poly(padding), "conv1d", x)])
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -187,6 +187,22 @@ def _(x: SymTensor, *sizes: Any) -> SymTensor:
     return like(x, out)
 
 
+def _alike(xs: Sequence[SymTensor], what: str, differs: Callable[[int], str], skip: int = -1) -> list[list[Poly]]:
+    """The dims of each of ``xs`` (``cat``, ``stack``): one rank and dtype, every axis but ``skip`` the same."""
+    first = xs[0]
+    dims = [first.fixed_dims(what)]
+    for x in xs[1:]:
+        d = x.fixed_dims(what)
+        if len(d) != len(dims[0]):
+            raise ShapeError(f"{what}: ranks differ: {first.show()} and {x.show()}")
+        same_dtype(first, x, what)
+        for k, (a, b) in enumerate(zip(dims[0], d)):
+            if k != skip:
+                same(a, b, differs(k), first, x)
+        dims.append(d)
+    return dims
+
+
 @op("cat")
 def cat(xs: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
     """Concatenate along ``dim``; every other axis must agree."""
@@ -196,20 +212,11 @@ def cat(xs: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
 @cat.rule
 def _(xs: Sequence[SymTensor], dim: int = 0) -> SymTensor:
     first = xs[0]
-    d0 = first.fixed_dims("cat")
+    first.fixed_dims("cat")  # a hidden axis is the first thing to name, before a bad ``dim``
     i = axis(first, dim)
-    total = d0[i]
-    for x in xs[1:]:
-        d = x.fixed_dims("cat")
-        if len(d) != len(d0):
-            raise ShapeError(f"cat: ranks differ: {first.show()} and {x.show()}")
-        same_dtype(first, x, "cat")
-        for k, (a, b) in enumerate(zip(d0, d)):
-            if k != i:
-                same(a, b, f"cat along axis {dim}: axis {k} differs", first, x)
-        total = total + d[i]
-    out = list(d0)
-    out[i] = total
+    dims = _alike(xs, "cat", lambda k: f"cat along axis {dim}: axis {k} differs", skip=i)
+    out = list(dims[0])
+    out[i] = sum_dims([d[i] for d in dims])
     return like(first, out)
 
 
@@ -220,14 +227,7 @@ def stack(xs: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:
 
 @stack.rule
 def _(xs: Sequence[SymTensor], dim: int = 0) -> SymTensor:
-    d0 = xs[0].fixed_dims("stack")
-    for x in xs[1:]:
-        d = x.fixed_dims("stack")
-        if len(d) != len(d0):
-            raise ShapeError(f"stack: ranks differ: {xs[0].show()} and {x.show()}")
-        same_dtype(xs[0], x, "stack")
-        for a, b in zip(d0, d):
-            same(a, b, "stack: shapes differ", xs[0], x)
+    d0 = _alike(xs, "stack", lambda k: "stack: shapes differ")[0]
     i = axis(xs[0], dim, len(d0) + 1)
     return like(xs[0], [*d0[:i], Poly.const(len(xs)), *d0[i:]])
 
