@@ -12,7 +12,6 @@ manifest's hashes and ``validation.json``'s results; without one, the page says 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -25,6 +24,7 @@ from typing import Any
 from ..blocks import Block
 from ..blocks.block import bind_generics
 from ..errors import KestrelError
+from ..export.manifest import sha256_file
 from ..models.cards import Card
 from ..shapes.poly import format_poly
 from ..types.dtypes import f32
@@ -63,14 +63,6 @@ class EdgeExport:
                 shutil.copyfile(self.path / name, out / name)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def read_edge_export(path: Path) -> EdgeExport:
     """The export at ``path``, every listed file present with the manifest's size and sha256."""
     path = Path(path)
@@ -88,7 +80,7 @@ def read_edge_export(path: Path) -> EdgeExport:
         if Path(name).name != name or not f.is_file():
             raise EdgeExportError(f"{path / MANIFEST} lists {name!r}, which is not a file in {path}")
         want = row.get("sha256") if isinstance(row, dict) else None
-        if want and _sha256(f) != want:
+        if want and sha256_file(f) != want:
             raise EdgeExportError(f"{f}: its sha256 is not the manifest's ({want[:12]}...); export again")
     validation = None
     if (path / VALIDATION).is_file():
