@@ -213,9 +213,9 @@ class RopeCrossAttention(Block):
         B, F, N, _ = keys.shape
         hd = self.Hd
         q = _rope(self.q_proj(x), cos, sin)
-        f_cos = cos.unsqueeze(0).expand(F, N, hd).reshape(F * N, hd)
-        f_sin = sin.unsqueeze(0).expand(F, N, hd).reshape(F * N, hd)
-        k = ops.cat([_rope(self.k_proj(keys).reshape(B, F * N, hd), f_cos, f_sin), self.k_proj(pointer_keys)], dim=1)
+        # each memory frame rotated by the grid's tables, broadcast over the frames (not copied F times)
+        k = _rope(self.k_proj(keys).reshape(B * F, N, hd), cos, sin).reshape(B, F * N, hd)
+        k = ops.cat([k, self.k_proj(pointer_keys)], dim=1)
         v = ops.cat([self.v_proj(values).reshape(B, F * N, hd), self.v_proj(pointer_values)], dim=1)
         return self.o_proj(_single_head(q, k, v))
 
