@@ -15,6 +15,10 @@ shapes; object 1 prompted by a click and object 2 by a box on frame 0) with
 each row in its own subprocess (so its memory figure is its own), interleaved over ``--rounds`` rounds:
 kestrel, hf, kestrel, hf...
 
+Before the rounds, Kestrel tracks 3 frames once per size, untimed (``--no-calibrate`` skips it): the first
+run on a machine measures each new GEMM shape (``kestrel.kernels``; cached per machine afterwards, as
+``bench/run.py`` calibrates before timing). Its time is printed: it is what a first run here pays once.
+
 Columns: frames per second (median over rounds, first frame excluded: it carries the prompts), ``x HF``
 (Kestrel's fps / transformers', > 1 is faster), peak MB (peak RSS while tracking minus RSS before the model
 was loaded: weights + state + activations), and mask IoU against transformers on the last frame.
@@ -173,7 +177,7 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
         last = masks
         if (i + 1) in job.get("checkpoints", ()):
             checkpoints[i + 1] = (_status_kb("VmHWM") - rss0) / 1024
-    res = {"variant": job["variant"], "size": job["size"], "frames": len(times),
+    res = {"variant": job["variant"], "size": job["size"], "frames": len(times), "total_s": sum(times),
            "fps": (len(times) - 1) / sum(times[1:]) if len(times) > 1 else float("nan"),
            "peak_mb": (_status_kb("VmHWM") - rss0) / 1024, "checkpoints": checkpoints}
     res["masks"] = {str(k): np.packbits(v.cpu().numpy()).tobytes().hex() for k, v in last.items()}
@@ -207,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frames", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=physical_cores())
+    ap.add_argument("--no-calibrate", action="store_true",
+                    help="skip the untimed 3-frame Kestrel run per size that calibrates its kernels first")
     ap.add_argument("--memory", type=int, nargs="?", const=1000, default=None,
                     help="track an N-frame clip with Kestrel alone and print RSS at checkpoints (default 1000)")
     args = ap.parse_args(argv)
@@ -232,6 +238,11 @@ def main(argv: list[str] | None = None) -> int:
         for s in sizes:
             dirs[s] = Path(tmp) / str(s)
             save_checkpoint(args.config, s, dirs[s])
+        if not args.no_calibrate:
+            for s in sizes:
+                r = run_job({"variant": "kestrel", "dir": str(dirs[s]), "size": s, "frames": 3,
+                             "threads": args.threads})
+                print(f"calibration run at {s} px (3 frames, untimed in the table): {r['total_s']:.1f} s", flush=True)
         results: dict[tuple[int, str], list[dict[str, Any]]] = {}
         for _ in range(args.rounds):
             for s in sizes:

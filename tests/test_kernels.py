@@ -403,3 +403,27 @@ def test_transposed_2x2_convolution_as_one_gemm_matches_torch(channels_last):
     wg = w.clone().requires_grad_(True)
     ops.conv_transpose2x2(x, wg, b).sum().backward()
     assert wg.grad is not None and wg.grad.shape == w.shape
+
+
+def test_a_taller_input_takes_over_the_choice_measured_at_the_capped_rows(monkeypatch):
+    """measure() times at most CAL_ROWS rows: a row count above it reuses what another tall one measured
+    (SAM 2's memory attention grows by E x E rows a frame and must not measure on every frame)."""
+    calls = []
+
+    def fake(x, w, b, kernels_=None, budget_s=0.0):
+        calls.append(x.shape[0])
+        return {"kernel": "torch", "in_place": "torch", "gflops": {"torch": 1.0}, "rejected": {},
+                "rows": min(x.shape[0], kernels.CAL_ROWS)}
+
+    monkeypatch.setattr(kernels, "measure", fake)
+    monkeypatch.setattr(kernels, "MIN_CALIBRATED_FLOPS", 0)
+    w, b = torch.randn(24, 16), torch.randn(24)
+    tall = kernels.CAL_ROWS + 8
+    for rows in (tall, 2 * tall, 3 * tall):
+        kernels.choose(torch.randn(rows, 16), w, b)
+    assert calls == [tall]  # measured once; the others took it over, and are in the table as measured
+    table = calibrate.table()
+    assert table.entry(2 * tall, 24, 16, True)["rows"] == kernels.CAL_ROWS
+    kernels.choose(torch.randn(kernels.CAL_ROWS, 16), w, b)  # at or under the cap: its own experiment
+    kernels.choose(torch.randn(tall, 16), w, None)  # another shape (no bias)
+    assert calls == [tall, kernels.CAL_ROWS, tall]

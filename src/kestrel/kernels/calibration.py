@@ -128,6 +128,15 @@ class Table:
         """What was measured for this GEMM shape (``kernel``, ``in_place``, ``gflops``, ...), or None."""
         return self.shapes.get(shape_key(m, n, k, bias))
 
+    def capped(self, n: int, k: int, bias: bool, rows: int) -> dict[str, Any] | None:
+        """An entry of ``? x N x K`` measured on ``rows`` rows of a taller input (``M > rows``), or None."""
+        tail = shape_key(0, n, k, bias)[1:]  # "xNxK[+b]"
+        for key, hit in self.shapes.items():
+            if (key.endswith(tail) and key[:-len(tail)].isdigit() and int(key[:-len(tail)]) > rows
+                    and hit.get("rows") == rows):
+                return hit
+        return None
+
     def get(self, m: int, n: int, k: int, bias: bool) -> str | None:
         hit = self.entry(m, n, k, bias)
         return hit["kernel"] if hit else None

@@ -83,6 +83,13 @@ def choose(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
         return name
     table = calibration.table()
     entry = table.entry(m, n, k, bias is not None)
+    if (entry is None or entry.get("kernel") not in KERNELS) and m > CAL_ROWS:
+        # measure() times CAL_ROWS rows of any taller input: a shape measured at another height above
+        # CAL_ROWS was the same experiment. Taken over, not repeated: a model whose row count grows
+        # call by call (SAM 2's memory attention, F memory frames x E x E rows) measures once
+        entry = table.capped(n, k, bias is not None, CAL_ROWS)
+        if entry is not None and entry.get("kernel") in KERNELS:
+            table.put(m, n, k, bias is not None, entry)
     if entry is None or entry.get("kernel") not in KERNELS:
         if not settings.calibrate() or 2.0 * m * n * k < MIN_CALIBRATED_FLOPS or len(KERNELS) == 1:
             return DEFAULT

@@ -163,6 +163,14 @@ def _rope(t, cos, sin):
     return t * cos + _rotate_pairs(t) * sin
 
 
+def _single_head(q, k, v):
+    """One full-width head of attention, ``[B, N, D]`` in and out, given to the attention kernel as
+    ``[B, 1, N, D]`` (as upstream lays it out): torch's fused CPU kernel takes only 4-D inputs and
+    never holds the ``N x Nk`` scores, where 3-D ones fall to its explicit path (scores, a guarded
+    soft-max, a second GEMM: ~1.4-2x the time at 64 x 64 tokens, and the whole score matrix in memory)."""
+    return ops.attention(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)).squeeze(1)
+
+
 class RopeAttention(Block):
     """Single-head self-attention with 2-D axial RoPE on queries and keys."""
 
@@ -179,7 +187,7 @@ class RopeAttention(Block):
                 ) -> "Tensor[B, N, Hd; T]":
         q = _rope(self.q_proj(x), cos, sin)
         k = _rope(self.k_proj(x), cos, sin)
-        return self.o_proj(ops.attention(q, k, self.v_proj(x)))
+        return self.o_proj(_single_head(q, k, self.v_proj(x)))
 
 
 class RopeCrossAttention(Block):
@@ -205,11 +213,11 @@ class RopeCrossAttention(Block):
         B, F, N, _ = keys.shape
         hd = self.Hd
         q = _rope(self.q_proj(x), cos, sin)
-        f_cos = cos.unsqueeze(0).expand(F, N, hd).reshape(F * N, hd)
-        f_sin = sin.unsqueeze(0).expand(F, N, hd).reshape(F * N, hd)
-        k = ops.cat([_rope(self.k_proj(keys).reshape(B, F * N, hd), f_cos, f_sin), self.k_proj(pointer_keys)], dim=1)
+        # each memory frame rotated by the grid's tables, broadcast over the frames (not copied F times)
+        k = _rope(self.k_proj(keys).reshape(B * F, N, hd), cos, sin).reshape(B, F * N, hd)
+        k = ops.cat([k, self.k_proj(pointer_keys)], dim=1)
         v = ops.cat([self.v_proj(values).reshape(B, F * N, hd), self.v_proj(pointer_values)], dim=1)
-        return self.o_proj(ops.attention(q, k, v))
+        return self.o_proj(_single_head(q, k, v))
 
 
 class MemoryAttentionLayer(Block):
