@@ -42,6 +42,32 @@ def seeded(build, seed: int = 0):
     return model.eval()
 
 
+def spread_weights(model: torch.nn.Module, special: tuple = (), buffers: tuple = (), norms: bool = True) -> None:
+    """Seeded random weights at scales that keep activations in range, in place (under ``no_grad``).
+
+    ``special`` and ``buffers`` are ``(suffixes, mean, std)`` rules, tried first in order (upstream zero-
+    initialises some tables, which would hide them from a comparison); then every matrix ~ N(0, 1/fan_in),
+    norm weights 1 + N(0, 0.1) (with ``norms``) and biases N(0, 0.02). The draw order is the parameters' order."""
+    for name, p in model.named_parameters():
+        rule = next(((m, sd) for suffixes, m, sd in special if name.endswith(suffixes)), None)
+        if rule is not None:
+            p.normal_(*rule)
+        elif p.dim() >= 2:
+            p.normal_(0, p[0].numel() ** -0.5)
+        elif norms and "norm" in name and name.endswith("weight"):
+            p.add_(torch.randn_like(p) * 0.1)
+        elif name.endswith("bias"):
+            p.normal_(0, 0.02)
+    for name, b in model.named_buffers():
+        rule = next(((m, sd) for suffixes, m, sd in buffers if name.endswith(suffixes)), None)
+        if rule is not None:
+            b.normal_(*rule)
+
+
+SAM2_TABLES = ((("pos_embed", "pos_embed_window", "no_memory_embedding"), 0.0, 0.5),)
+SAM2_BUFFERS = ((("positional_embedding",), 0.0, 1.0),)
+
+
 # ----------------------------------------------------------------------------------------- SAM 2.1
 
 SAM2_HD = 32
@@ -77,18 +103,7 @@ def seeded_sam2(config: dict, seed: int = 0) -> Sam2Model:
     torch.manual_seed(seed)
     ref = Sam2Model(Sam2Config(**config)).eval()
     with torch.no_grad():
-        for name, p in ref.named_parameters():
-            if name.endswith(("pos_embed", "pos_embed_window", "no_memory_embedding")):
-                p.normal_(0, 0.5)
-            elif p.dim() >= 2:
-                p.normal_(0, p[0].numel() ** -0.5)
-            elif "norm" in name and name.endswith("weight"):
-                p.add_(torch.randn_like(p) * 0.1)
-            elif name.endswith("bias"):
-                p.normal_(0, 0.02)
-        for name, b in ref.named_buffers():
-            if name.endswith("positional_embedding"):
-                b.normal_(0, 1.0)
+        spread_weights(ref, SAM2_TABLES, SAM2_BUFFERS)
     return ref
 
 
@@ -111,17 +126,8 @@ def seeded_sam(config: dict, seed: int = 0) -> SamModel:
     torch.manual_seed(seed)
     ref = SamModel(SamConfig(**config)).eval()
     with torch.no_grad():
-        for name, p in ref.named_parameters():
-            if name.endswith(("rel_pos_h", "rel_pos_w", "pos_embed")):
-                p.normal_(0, 0.5)
-            elif name.endswith("positional_embedding"):
-                p.normal_(0, 1.0)
-            elif p.dim() >= 2:
-                p.normal_(0, p[0].numel() ** -0.5)
-            elif "norm" in name and name.endswith("weight"):
-                p.add_(torch.randn_like(p) * 0.1)
-            elif name.endswith("bias"):
-                p.normal_(0, 0.02)
+        spread_weights(ref, ((("rel_pos_h", "rel_pos_w", "pos_embed"), 0.0, 0.5),
+                             (("positional_embedding",), 0.0, 1.0)))
     return ref
 
 

@@ -25,6 +25,7 @@ from kestrel.export import edge_sam2  # noqa: E402
 from kestrel.export.recipe import read_table  # noqa: E402
 from kestrel.export.validation import pte_runner  # noqa: E402
 from kestrel.pipelines.prompts import Prompt  # noqa: E402
+from reference import SAM2_BUFFERS, SAM2_TABLES, spread_weights  # noqa: E402
 from seeds import SEEDS  # noqa: E402
 
 SIZE = 512
@@ -54,16 +55,7 @@ def small_checkpoint(directory: Path, hd: int = 32, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     ref = transformers.Sam2Model(config).eval()
     with torch.no_grad():  # upstream zero-initialises some tables: make every number count
-        for name, p in ref.named_parameters():
-            if name.endswith(("pos_embed", "pos_embed_window", "no_memory_embedding")):
-                p.normal_(0, 0.5)
-            elif p.dim() >= 2:
-                p.normal_(0, p[0].numel() ** -0.5)
-            elif name.endswith("bias"):
-                p.normal_(0, 0.02)
-        for name, b in ref.named_buffers():
-            if name.endswith("positional_embedding"):
-                b.normal_(0, 1.0)
+        spread_weights(ref, SAM2_TABLES, SAM2_BUFFERS, norms=False)
     ref.save_pretrained(directory)
     return directory
 

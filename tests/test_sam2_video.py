@@ -26,7 +26,7 @@ from kestrel.checker.check import check_program
 from kestrel.models import sam2_video
 from kestrel.models.cards import CARDS
 from kestrel.pipelines.video_tracker import TrackError, TrackPrompt, VideoTracker, _merge, track_frames
-from reference import rel_diff
+from reference import SAM2_BUFFERS, SAM2_TABLES, rel_diff, spread_weights
 from test_sam2 import small_config
 
 TOL = 1e-5  # the bound for video logits, relative to the largest reference value
@@ -52,20 +52,8 @@ def seeded_video(config: dict, seed: int = 0, object_bias: float = 0.0) -> Sam2V
     cfg = {k: v for k, v in config.items() if k != "model_type"}
     ref = Sam2VideoModel(Sam2VideoConfig(**cfg)).eval()
     with torch.no_grad():
-        for name, p in ref.named_parameters():
-            if name.endswith(("pos_embed", "pos_embed_window", "no_memory_embedding")):
-                p.normal_(0, 0.5)
-            elif name.endswith("memory_fuser.layers.0.scale") or name.endswith("memory_fuser.layers.1.scale"):
-                p.normal_(0.5, 0.1)
-            elif p.dim() >= 2:
-                p.normal_(0, p[0].numel() ** -0.5)
-            elif "norm" in name and name.endswith("weight"):
-                p.add_(torch.randn_like(p) * 0.1)
-            elif name.endswith("bias"):
-                p.normal_(0, 0.02)
-        for name, b in ref.named_buffers():
-            if name.endswith("positional_embedding"):
-                b.normal_(0, 1.0)
+        fuser = ((("memory_fuser.layers.0.scale", "memory_fuser.layers.1.scale"), 0.5, 0.1),)
+        spread_weights(ref, SAM2_TABLES + fuser, SAM2_BUFFERS)
         # the object-score head's last bias decides how often an object "appears": both cases matter
         ref.mask_decoder.pred_obj_score_head.proj_out.bias.fill_(object_bias)
     return ref
