@@ -2,32 +2,37 @@
 """Accuracy of the reduced-precision options against Kestrel's f32 default, on the parity checkpoints.
 
 For each model the script saves a transformers model built from the tests' small config with seeded
-random weights (``save_pretrained``), loads it with Kestrel three times (f32; ``dtype="bf16"``;
-``quantize="int8"``), runs the same seeded inputs and compares each with f32:
+random weights (``save_pretrained``), loads it with Kestrel in f32 and with each fast path (``dtype="bf16"``;
+``quantize="int8"``), and measures the fast path against f32 with :mod:`kestrel.pipelines.accuracy`, as each
+family's users see its output (what ``kestrel bench DIR --dtype bf16 --accuracy`` prints for one model):
 
-    cosine     mean cosine similarity of the output feature vectors (per token / per item)
-    top-1      share of items whose arg-max class agrees with f32 (classifier logits)
-    mask IoU   IoU of the thresholded (> 0) masks against f32 (SAM decoder)
-    rel diff   max |out - f32| / max |f32|
+    cosine        feature cosine (DINOv2, SigLIP images, ViT features; SAM / SAM 2.1 image embeddings)
+    text cosine   SigLIP's text embeddings
+    top-1, top-5  class agreement (ViT)
+    ranking       zero-shot ranking agreement (SigLIP): mean Spearman correlation of each image's scores over
+                  the texts; "ranking top-1": the best text agrees
+    mask IoU      post-processed masks (SAM, SAM 2.1), single-point prompts on seeded photo-like images
+    rel diff      max |out - f32| / max |f32|
 
 Random weights make these a lower bound of what trained checkpoints see (their activations are
 better conditioned); real checkpoints cannot be downloaded here.
 
-    python bench/accuracy.py                 # the table, as the README shows it
-    python bench/accuracy.py --batch 32
+    python bench/accuracy.py                                  # the table, as the README shows it
+    python bench/accuracy.py --out bench/results/accuracy.json  # also for the site's Benchmarks sections
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import platform
 import tempfile
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 
 def _seeded(build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
@@ -38,11 +43,12 @@ def _seeded(build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
 
 
 def well_conditioned(model: torch.nn.Module) -> None:
-    """Every matrix std 1/sqrt(fan-in), norms and biases perturbed, SAM's positions drawn as released models have
-    them: upstream initialises SAM's encoder with std 1e-10 and zero positions (denormal activations)."""
+    """Every matrix std 1/sqrt(fan-in), norms and biases perturbed, SAM's and SAM 2.1's position tables drawn as
+    released models have them: upstream initialises SAM's encoder with std 1e-10 and zero positions (denormal
+    activations), and SAM 2.1's tables with zeros."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith(("rel_pos_h", "rel_pos_w", "pos_embed")):
+            if name.endswith(("rel_pos_h", "rel_pos_w", "pos_embed", "pos_embed_window", "no_memory_embedding")):
                 p.normal_(0, 0.5)
             elif name.endswith("positional_embedding"):
                 p.normal_(0, 1.0)
@@ -52,23 +58,18 @@ def well_conditioned(model: torch.nn.Module) -> None:
                 p.add_(torch.randn_like(p) * 0.1)
             elif name.endswith("bias"):
                 p.normal_(0, 0.02)
+        for name, b in model.named_buffers():  # SAM 2.1 keeps its Fourier features' table as a buffer
+            if name.endswith("positional_embedding"):
+                b.normal_(0, 1.0)
 
 
-def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float(F.cosine_similarity(a.float().flatten(0, -2), b.float().flatten(0, -2), dim=-1).mean())
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).abs().max() / b.float().abs().max())
-
-
-def models() -> dict[str, tuple[Callable[[], torch.nn.Module], Callable[[Any, int, torch.dtype], dict[str, Any]]]]:
+def models() -> dict[str, Callable[[], torch.nn.Module]]:
     import transformers as t
 
     def vit() -> torch.nn.Module:
         return t.ViTForImageClassification(t.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                                        intermediate_size=128, image_size=64, patch_size=16,
-                                                       num_labels=7))
+                                                       num_labels=100))
 
     def dino() -> torch.nn.Module:
         return t.Dinov2Model(t.Dinov2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, mlp_ratio=4,
@@ -88,66 +89,57 @@ def models() -> dict[str, tuple[Callable[[], torch.nn.Module], Callable[[Any, in
             prompt_encoder_config=dict(hidden_size=32),
             mask_decoder_config=dict(hidden_size=32, num_attention_heads=2, mlp_dim=64, iou_head_hidden_dim=32)))
 
-    def images(size: int) -> Callable[[Any, int, torch.dtype], dict[str, Any]]:
-        def run(m: Any, batch: int, dt: torch.dtype) -> dict[str, Any]:
-            g = torch.Generator().manual_seed(1)
-            x = torch.randn(batch, 3, size, size, generator=g).to(dt)
-            out = {"features": m.features(x) if hasattr(m, "features") else m.forward(x)}
-            if hasattr(m, "features"):
-                out["logits"] = m.forward(x)
-            return out
-        return run
+    def sam2() -> torch.nn.Module:
+        # the tests' small SAM 2.1 (Hiera-tiny's layout at small widths), at the edge split's 512 px
+        bb = dict(hidden_size=16, embed_dim_per_stage=[16, 32, 64, 128], num_attention_heads_per_stage=[1, 2, 2, 4],
+                  blocks_per_stage=[1, 2, 7, 2], window_size_per_stage=[8, 4, 14, 7],
+                  global_attention_blocks=[5, 7, 9], window_positional_embedding_background_size=[7, 7],
+                  image_size=[512, 512], model_type="sam2_hiera_det_model")
+        return t.Sam2Model(t.Sam2Config(
+            vision_config=dict(backbone_config=bb, backbone_channel_list=[128, 64, 32, 16], fpn_hidden_size=32,
+                               backbone_feature_sizes=[[128, 128], [64, 64], [32, 32]]),
+            prompt_encoder_config=dict(hidden_size=32, image_size=512),
+            mask_decoder_config=dict(hidden_size=32, num_attention_heads=2, mlp_dim=64, iou_head_hidden_dim=32)))
 
-    def run_siglip(m: Any, batch: int, dt: torch.dtype) -> dict[str, Any]:
-        g = torch.Generator().manual_seed(1)
-        x = torch.randn(batch, 3, 32, 32, generator=g).to(dt)
-        tokens = torch.randint(0, 1000, (batch, 16), generator=g, dtype=torch.int32)
-        return {"features": m.image_features(x), "text": m.text_features(tokens)}
+    return {"vit": vit, "dinov2": dino, "siglip": siglip, "sam": sam, "sam2": sam2}
 
-    def run_sam(m: Any, batch: int, dt: torch.dtype) -> dict[str, Any]:
-        g = torch.Generator().manual_seed(1)
-        b = min(batch, 2)
-        x = torch.randn(b, 3, 1024, 1024, generator=g).to(dt)
-        emb = m.encode_image(x)
-        points = (torch.rand(b, 1, 1, 2, generator=g) * 1024).to(dt)
-        masks, _ = m.decode_points(emb, points, torch.ones(b, 1, 1, dtype=torch.int32))
-        return {"features": emb.flatten(2).transpose(1, 2), "masks": masks}
 
-    return {"vit": (vit, images(64)), "dinov2": (dino, images(56)), "siglip": (siglip, run_siglip),
-            "sam": (sam, run_sam)}
+OPTIONS = {"bf16": {"dtype": "bf16"}, "int8": {"quantize": "int8"}}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, default=16, help="items per model (SAM: 2)")
+    ap.add_argument("--batch", type=int, default=16, help="items per model (segmenters: 4 images, 8 prompts each)")
+    ap.add_argument("--models", default=None, help="comma list (default: all)")
+    ap.add_argument("--out", type=Path, default=None, help="also write the rows as JSON (the site reads it)")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     import kestrel
+    from kestrel.kernels.calibration import cpu_model
+    from kestrel.pipelines import accuracy
 
-    print("| model | option | cosine | top-1 | mask IoU | rel diff |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    builders = models()
+    names = args.models.split(",") if args.models else list(builders)
+    print("| " + " | ".join(["model", "option", *accuracy.COLUMNS]) + " |")
+    print("|" + " --- |" * (2 + len(accuracy.COLUMNS)))
+    rows = []
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
-        for name, (build, run) in models().items():
+        for name in names:
             d = Path(tmp) / name
-            _seeded(build).save_pretrained(d)
-            ref = run(kestrel.load(d), args.batch, torch.float32)
-            for option, kw, dt in (("bf16", {"dtype": "bf16"}, torch.bfloat16),
-                                   ("int8", {"quantize": "int8"}, torch.float32)):
-                try:
-                    out = run(kestrel.load(d, **kw), args.batch, dt)
-                except Exception as e:  # an option a model does not support is a row saying so
-                    print(f"| {name} | {option} | error: {type(e).__name__}: {str(e)[:60]} | | | |")
-                    continue
-                cos = min(_cos(out[k], ref[k]) for k in ("features", "text") if k in ref)
-                top1 = "-"
-                if "logits" in ref:
-                    top1 = f"{float((out['logits'].argmax(-1) == ref['logits'].argmax(-1)).float().mean()):.3f}"
-                iou = "-"
-                if "masks" in ref:
-                    a, b = out["masks"].float() > 0, ref["masks"] > 0
-                    iou = f"{float((a & b).sum() / (a | b).sum().clamp_min(1)):.3f}"
-                rel = max(_rel(out[k], ref[k]) for k in ref)
-                print(f"| {name} | {option} | {cos:.5f} | {top1} | {iou} | {rel:.1e} |", flush=True)
+            _seeded(builders[name]).save_pretrained(d)
+            ref = kestrel.load(d)
+            for option, kw in OPTIONS.items():
+                acc = accuracy.measure(ref, kestrel.load(d, **kw), batch=args.batch)
+                print("| " + " | ".join(accuracy.row(name, option, acc)) + " |", flush=True)
+                rows.append({"model": name, "family": ref.loaded.family.name, "option": option,
+                             "inputs": acc.inputs, "metrics": acc.metrics})
+    if args.out:
+        args.out.write_text(json.dumps({
+            "kind": "accuracy", "date": time.strftime("%Y-%m-%d"), "command": "python bench/accuracy.py",
+            "machine": {"cpu": cpu_model(), "python": platform.python_version(), "torch": torch.__version__},
+            "note": "the tests' small configs with seeded random weights, against Kestrel f32 on the same inputs",
+            "rows": rows}, indent=1) + "\n")
+        print(f"wrote {args.out}")
     return 0
 
 

@@ -6,12 +6,15 @@ import argparse
 import os
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .options import Command, ExistingDir, IntList, ModelRef, Option, PositiveInt, Text, Threads, register
+from ..errors import UsageError
+from ..kernels.contention import others_share
+from .options import Choice, Command, ExistingDir, IntList, ModelRef, Option, PositiveInt, Text, Threads, register
 
 DOCTOR_EPILOG = """examples:
   kestrel doctor                          machine, libraries, f32 GEMM rate of every kernel at 1..cores threads
@@ -23,7 +26,13 @@ BENCH_EPILOG = """examples:
   kestrel bench DIR                       time the first entry at batch 1 and 8 (a save_pretrained directory)
   kestrel bench vit-base-patch16-224 --weights DIR --entry features --batch 1 --repeat 10
   kestrel bench DIR --threads 1 --compile compare eager and torch.compile on one thread
+  kestrel bench DIR --dtype bf16 --accuracy   bf16 beside f32 (speed-up), then what bf16 costs in accuracy
+  kestrel bench DIR --quantize int8 --accuracy --batch 1,8
 FLOPs are counted by torch's FlopCounterMode on one call (matmuls, convolutions, attention).
+With --dtype or --quantize the fast path is timed interleaved with f32 on the same inputs ("x f32" is its
+speed-up); --accuracy then compares it with f32 as the family's users see the output: feature cosine,
+top-1/top-5 agreement (classifiers), zero-shot ranking agreement (image-text models), mask IoU after
+post-processing (segmenters). On a CPU without native bf16, bf16 is slower than f32 (a warning says so).
 """
 
 
@@ -39,26 +48,6 @@ def physical_cores() -> int:
         except OSError:
             seen.add(("?", str(c)))
     return max(1, len(seen))
-
-
-def others_load(fn: Any) -> tuple[Any, float | None]:
-    """Run fn; return its result and the share of the machine's CPU time other processes used meanwhile."""
-    def sample() -> tuple[float, float] | None:
-        try:
-            fields = [float(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        except (OSError, ValueError):
-            return None
-        return sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0), sum(fields)
-
-    before, own0 = sample(), time.process_time()
-    out = fn()
-    after, own1 = sample(), time.process_time()
-    if before is None or after is None or after[1] <= before[1]:
-        return out, None
-    tick = os.sysconf("SC_CLK_TCK")
-    busy = (after[0] - before[0]) / tick - (own1 - own0)
-    total = (after[1] - before[1]) / tick
-    return out, max(0.0, min(1.0, busy / total))
 
 
 def gemm_rates(n: int = 1024, rounds: int = 5) -> dict[str, float]:
@@ -117,7 +106,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     best_at: dict[int, float] = {}
     for t in counts:
         torch.set_num_threads(t)
-        rates, other = others_load(lambda: gemm_rates(args.size))
+        rates, other = others_share(lambda: gemm_rates(args.size))
         best_at[t] = max(rates.values())
         cells = "  ".join(f"{k} {v:.1f}" for k, v in rates.items())
         print(f"  {t} thread(s): {cells}   (others used {_pct(other)} of the CPUs meanwhile)")
@@ -161,11 +150,22 @@ def _print_cached(calibrate: Any) -> None:
     print("\n".join(calibrate.format_choices(sorted(t.shapes.items()))))
 
 
-def _load(args: argparse.Namespace) -> Any:
+def _load(args: argparse.Namespace, **options: Any) -> Any:
     import kestrel
 
     kw: dict[str, Any] = {"weights": args.weights} if getattr(args, "weights", None) else {}
-    return kestrel.load(args.model, **kw)
+    return kestrel.load(args.model, **kw, **options)
+
+
+def _fast_path(args: argparse.Namespace) -> tuple[str, dict[str, Any]] | None:
+    """The reduced-precision path asked for (``--dtype``, ``--quantize``) as a label and ``kestrel.load``'s
+    keywords; None for plain f32."""
+    kw: dict[str, Any] = {}
+    if getattr(args, "dtype", "f32") != "f32":
+        kw["dtype"] = args.dtype
+    if getattr(args, "quantize", None):
+        kw["quantize"] = args.quantize
+    return ("+".join(str(v) for v in kw.values()), kw) if kw else None
 
 
 def _entry(model: Any, name: str | None) -> str:
@@ -207,50 +207,88 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    fast = _fast_path(args)
+    if args.accuracy and fast is None:
+        raise UsageError("--accuracy compares a fast path with f32: give --dtype bf16|f16 or --quantize int8")
     model = _load(args)
     entry = _entry(model, args.entry)
     batches = list(args.batch)
     print(f"{model.loaded.name}.{entry}: {calibrate.cpu_model()}, {torch.get_num_threads()} thread(s), "
-          f"torch {torch.__version__}, f32")
+          f"torch {torch.__version__}, f32" + (f" and {fast[0]}" if fast else ""))
     peak = max(gemm_rates(1024).values())
     print(f"best f32 GEMM rate measured now (1024^3, any kernel): {peak:.1f} GFLOP/s")
-    variants: list[tuple[str, Any]] = [("eager", getattr(model, entry))]
+    variants: list[Variant] = [Variant("f32" if fast else "eager", model, getattr(model, entry))]
+    if fast:
+        fast_model = _load(args, **fast[1])
+        variants.append(Variant(fast[0], fast_model, getattr(fast_model, entry)))
     if args.compile:
-        variants.append(("compile", torch.compile(getattr(model, entry), dynamic=False)))
-    print(f"\n{'variant':<8} {'batch':>5} {'median s':>9} {'min s':>8} {'GFLOP/s':>8} {'% peak':>7} {'others':>7}")
+        variants.append(Variant("compile", model, torch.compile(getattr(model, entry), dynamic=False)))
+    print(f"\n{'variant':<9} {'batch':>5} {'median s':>9} {'min s':>8} {'GFLOP/s':>8} {'% peak':>7} "
+          f"{'speed-up':>8} {'others':>7}")
     for b in batches:
-        _bench_batch(args, model, entry, variants, b, peak)
+        _bench_batch(args, entry, variants, b, peak)
+    if args.accuracy:
+        _print_accuracy(model, variants[1], max(batches))
     return 0
 
 
-def _bench_batch(args: argparse.Namespace, model: Any, entry: str, variants: list[tuple[str, Any]], b: int,
-                 peak: float) -> None:
+@dataclass
+class Variant:
+    """One way of running the entry: its label, the model it belongs to and the callable timed."""
+
+    name: str
+    model: Any
+    fn: Any
+
+    def inputs(self, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """The seeded f32 inputs in this variant's float dtype (a bf16 model takes bf16 images)."""
+        dtype = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), torch.float32)
+        return tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)
+
+
+def _bench_batch(args: argparse.Namespace, entry: str, variants: list[Variant], b: int, peak: float) -> None:
     from ..kernels import calibration as calibrate
     from ..runtime.examples import example_inputs
 
-    inputs = example_inputs(model, entry, b)
-    rows = calibrate.calibrate_model(lambda: getattr(model, entry)(*inputs))
-    flops = _flops(lambda: variants[0][1](*inputs))
-    times: dict[str, list[float]] = {name: [] for name, _ in variants}
+    inputs = example_inputs(variants[0].model, entry, b)
+    rows = calibrate.calibrate_model(lambda: variants[0].fn(*inputs))
+    flops = _flops(lambda: variants[0].fn(*inputs))
+    times: dict[str, list[float]] = {v.name: [] for v in variants}
     with torch.inference_mode():
-        for _, fn in variants:
-            fn(*inputs)  # warm-up (and compile)
+        for v in variants:
+            v.fn(*v.inputs(inputs))  # warm-up (and compile, and the fast path's own calibration)
 
         def timed() -> None:
             for _ in range(args.repeat):
-                for name, fn in variants:  # interleaved: every variant sees the same load
+                for v in variants:  # interleaved: every variant sees the same load
+                    own = v.inputs(inputs)
                     t = time.perf_counter()
-                    fn(*inputs)
-                    times[name].append(time.perf_counter() - t)
+                    v.fn(*own)
+                    times[v.name].append(time.perf_counter() - t)
 
-        _, other = others_load(timed)
+        _, other = others_share(timed)
+    base = statistics.median(times[variants[0].name])
     for name, ts in times.items():
         med = statistics.median(ts)
         rate = flops / med / 1e9
-        print(f"{name:<8} {b:>5} {med:>9.4f} {min(ts):>8.4f} {rate:>8.1f} {100 * rate / peak:>6.0f}% "
-              f"{_pct(other):>7}")
+        print(f"{name:<9} {b:>5} {med:>9.4f} {min(ts):>8.4f} {rate:>8.1f} {100 * rate / peak:>6.0f}% "
+              f"{base / med:>7.2f}x {_pct(other):>7}")
     if args.verbose:
         print("\n".join(calibrate.format_choices(rows)))
+
+
+def _print_accuracy(model: Any, fast: Variant, batch: int) -> None:
+    from ..pipelines import accuracy
+
+    t = time.perf_counter()
+    acc = accuracy.measure(model, fast.model, batch=max(batch, 8))
+    cells = accuracy.row(model.loaded.name, fast.name, acc)
+    shown = [i for i, c in enumerate(cells) if i < 2 or c != "-"]
+    heads = ["model", "option", *accuracy.COLUMNS]
+    print(f"\naccuracy against f32 ({acc.inputs}; {time.perf_counter() - t:.1f} s):")
+    print("| " + " | ".join(heads[i] for i in shown) + " |")
+    print("|" + " --- |" * len(shown))
+    print("| " + " | ".join(cells[i] for i in shown) + " |")
 
 
 register(Command(
@@ -289,5 +327,11 @@ register(Command(
         Option("--repeat", PositiveInt(100_000), default=5, help="timed calls per variant and batch (default 5)"),
         Option("--threads", Threads(), help="torch threads (default: torch's)"),
         Option("--compile", help="also time torch.compile of the entry, interleaved"),
+        Option("--dtype", Choice(choices=("f32", "bf16", "f16")), default="f32",
+               help="also time the model in this dtype, interleaved with f32 (default f32: f32 only)"),
+        Option("--quantize", Choice(choices=("int8",)),
+               help="also time int8 dynamic quantisation of every linear, interleaved with f32"),
+        Option("--accuracy", help="with --dtype or --quantize: after timing, print what the fast path costs in "
+                                  "accuracy against f32 (cosine, top-1/top-5, ranking, mask IoU)"),
         Option("-v --verbose", help="print the kernel chosen for every GEMM shape"),
     ]))

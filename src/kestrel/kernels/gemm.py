@@ -19,6 +19,7 @@ from a weight (decisions, packed layouts, fused concatenations, int8 copies) is 
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from . import allocator, calibration, settings
+from .contention import DISTURBED, others_share
 from .library import DEFAULT, KERNELS, Kernel, eager_ok, packs_in_place, plain_inference
 from .library import hand_back as _hand_back
 from .pages import release_file_pages
@@ -111,7 +113,9 @@ def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
     Returns ``{"kernel": chosen, "in_place": the fastest that reads the weight in place (for weights that
     cannot be packed at no memory cost), "gflops": {name: best rate}, "rejected": {name: why},
-    "rows": timed rows}``.
+    "rows": timed rows, "others": the share of the machine other processes took meanwhile}``, with
+    ``"disturbed": True`` where that share exceeded ``contention.DISTURBED``: such a choice serves this
+    process, and the next one measures the shape again.
     """
     names = list(kernels or KERNELS)
     x = x2d[:CAL_ROWS]
@@ -144,24 +148,33 @@ def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             weights += weight.expand(copies - 1, *weight.shape).clone().unbind(0)
     best = {name: float("inf") for name in live}
     lo, hi = CAL_ROUNDS
-    start = time.perf_counter()
-    for r in range(hi):
-        for name in (live if r % 2 == 0 else live[::-1]):  # alternate the order: no seat is favoured
-            run = KERNELS[name].run
-            t = time.perf_counter()
-            for w in weights:  # one pass over cold weights, as a forward reads them
-                run(x, w, bias)
-            best[name] = min(best[name], (time.perf_counter() - t) / len(weights))
-        if r + 1 >= lo and time.perf_counter() - start > budget_s:
-            break
+
+    def rounds(copies: list[torch.Tensor]) -> None:
+        start = time.perf_counter()
+        for r in range(hi):
+            for name in (live if r % 2 == 0 else live[::-1]):  # alternate the order: no seat is favoured
+                run = KERNELS[name].run
+                t = time.perf_counter()
+                for w in copies:  # one pass over cold weights, as a forward reads them
+                    run(x, w, bias)
+                best[name] = min(best[name], (time.perf_counter() - t) / len(copies))
+            if r + 1 >= lo and time.perf_counter() - start > budget_s:
+                break
+
+    _, others = others_share(functools.partial(rounds, weights))
     for w in weights:  # packed copies made for timing: the chosen kernel packs its own
         WEIGHTS.pop("packed", (w,))
     del weights
     allocator.note_burst()  # the entry running this forward hands the freed copies' pages back when it returns
     gflops = {name: flops / t / 1e9 for name, t in best.items()}
     in_place = _pick({nm: r for nm, r in gflops.items() if not KERNELS[nm].copies_weight})
-    return {"kernel": _pick(gflops), "in_place": in_place, "gflops": {nm: round(v, 2) for nm, v in gflops.items()},
-            "rejected": rejected, "rows": m}
+    out = {"kernel": _pick(gflops), "in_place": in_place, "gflops": {nm: round(v, 2) for nm, v in gflops.items()},
+           "rejected": rejected, "rows": m}
+    if others is not None:
+        out["others"] = round(others, 3)
+        if others > DISTURBED:  # used by this process, measured again by the next (calibration.Table)
+            out["disturbed"] = True
+    return out
 
 
 def _pick(gflops: dict[str, float]) -> str:

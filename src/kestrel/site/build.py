@@ -459,8 +459,10 @@ def read_bench(path: Path | None) -> list[dict[str, Any]] | None:
             data = json.loads(f.read_text())
         except (OSError, ValueError) as e:
             raise SiteError(f"cannot read the benchmark results {f}: {e}") from None
-        if not isinstance(data, dict) or not isinstance(data.get("cases"), list):
-            raise SiteError(f"{f} is not a bench/run.py --out results file (no 'cases' list)")
+        accuracy = isinstance(data, dict) and data.get("kind") == "accuracy" and isinstance(data.get("rows"), list)
+        if not isinstance(data, dict) or not (isinstance(data.get("cases"), list) or accuracy):
+            raise SiteError(f"{f} is neither a bench/run.py nor a bench/accuracy.py --out results file "
+                            "(no 'cases' or accuracy 'rows' list)")
         runs.append(data)
     return runs
 

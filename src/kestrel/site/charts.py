@@ -47,6 +47,7 @@ def bench_charts(runs: list[dict[str, Any]] | dict[str, Any], family: str) -> st
     """The Benchmarks section's body for a family, or "" when no run measured it."""
     if isinstance(runs, dict):
         runs = [runs]
+    accuracy = "".join(accuracy_table(results, family) for results in runs if results.get("kind") == "accuracy")
     parts = []
     for results in runs:
         cases = _cases_for(results, family)
@@ -56,11 +57,39 @@ def bench_charts(runs: list[dict[str, Any]] | dict[str, Any], family: str) -> st
         parts.extend(_case_chart(case) for case in cases)
         parts.append("</div>")
     if not parts:
-        return ""
-    return ("<p>Median seconds per call (lower is better), measured by <code>bench/run.py</code> on random "
+        return accuracy
+    return accuracy + ("<p>Median seconds per call (lower is better), measured by <code>bench/run.py</code> on random "
             "weights built from the checkpoint's config, every row in its own process; each Kestrel bar is "
             "labelled with its ratio to transformers eager at that batch. Peak memory is the resident memory "
             "the row's calls added.</p>\n" + "\n".join(parts))
+
+
+ACCURACY_COLUMNS = (("cosine", "feature cosine"), ("text cosine", "text cosine"), ("top-1", "top-1 agreement"),
+                    ("top-5", "top-5 agreement"), ("ranking", "zero-shot ranking (Spearman)"),
+                    ("ranking top-1", "zero-shot top-1"), ("mask IoU", "mask IoU"), ("rel diff", "max rel diff"))
+
+
+def accuracy_table(results: dict[str, Any], family: str) -> str:
+    """A ``bench/accuracy.py --out`` run's rows for this family: what each fast path costs against f32."""
+    rows = [r for r in results.get("rows", []) if r.get("family") == family and isinstance(r.get("metrics"), dict)]
+    if not rows:
+        return ""
+    cols = [(k, label) for k, label in ACCURACY_COLUMNS if any(k in r["metrics"] for r in rows)]
+
+    def cell(k: str, v: Any) -> str:
+        if not isinstance(v, int | float):
+            return "-"
+        return f"{v:.1e}" if k == "rel diff" else f"{v:.5f}" if "cosine" in k else f"{v:.3f}"
+
+    head = "".join(f"<th>{escape(label)}</th>" for _, label in cols)
+    body = "".join(f"<tr><td><code>{escape(str(r.get('option')))}</code></td>"
+                   + "".join(f"<td>{cell(k, r['metrics'].get(k))}</td>" for k, _ in cols) + "</tr>" for r in rows)
+    inputs = escape(str(rows[0].get("inputs", "")))
+    return (f'<div class="bench-group"><h3>Accuracy of the fast paths against f32</h3>{_run_header(results)}'
+            f"<p>The same checkpoint loaded with each option, on the same inputs ({inputs}); 1.0 is full agreement. "
+            f"{escape(str(results.get('note', '')))}.</p>"
+            f'<table class="bench-table"><thead><tr><th>option</th>{head}</tr></thead><tbody>{body}</tbody></table>'
+            "</div>\n")
 
 
 def _case_chart(case: dict[str, Any]) -> str:
