@@ -464,3 +464,36 @@ def test_a_taller_input_takes_over_the_choice_measured_at_the_capped_rows(monkey
     kernels.choose(torch.randn(kernels.CAL_ROWS, 16), w, b)  # at or under the cap: its own experiment
     kernels.choose(torch.randn(tall, 16), w, None)  # another shape (no bias)
     assert calls == [tall, kernels.CAL_ROWS, tall]
+
+
+def test_int8_runs_only_where_it_measured_faster_than_the_shapes_f32_kernel(monkeypatch):
+    if not kernels.int8_available():
+        pytest.skip("no quantized engine in this torch build")
+    x, w, b = _data(m=512, k=256, n=256)
+    kernels.mark_int8(w)
+    exact = F.linear(x, w, b)
+    real_race = kernels._race
+    verdict = {}
+
+    def race(runs, copies, budget_s):  # the real race (every path runs), then the verdict asked for
+        best, others = real_race(runs, copies, 0.01)
+        if "int8" in runs:
+            slow = max(best.values()) * 10
+            best = {nm: (slow if (nm == "int8") == (verdict["int8"] == "slower") else t) for nm, t in best.items()}
+        return best, others
+
+    monkeypatch.setattr(kernels, "_race", race)
+    verdict["int8"] = "slower"
+    with torch.no_grad():
+        y = ops.linear(x, w, b)
+    assert rel_diff(y, exact) < 1e-5  # int8 lost the race: the f32 kernel ran
+    key = "int8 512x256x256+b"
+    entry = calibrate.table().shapes[key]
+    assert entry["kernel"] != "int8" and set(entry["gflops"]) == {"int8", entry["kernel"]}
+    assert key in "\n".join(calibrate.format_choices([(key, entry)]))
+    calibrate.reset()
+    verdict["int8"] = "faster"
+    with torch.no_grad():
+        y = ops.linear(x, w, b)
+    assert 1e-5 < rel_diff(y, exact) < 0.1  # int8 won: quantised, and close
+    assert calibrate.table().shapes[key]["kernel"] == "int8"

@@ -252,6 +252,10 @@ def _bench_batch(args: argparse.Namespace, entry: str, variants: list[Variant], 
 
     inputs = example_inputs(variants[0].model, entry, b)
     rows = calibrate.calibrate_model(lambda: variants[0].fn(*inputs))
+    fast = variants[1] if len(variants) > 1 and variants[1].name != "compile" else None
+    if fast is not None:  # the fast path's own choices (int8 races each shape against its f32 kernel)
+        own = fast.inputs(inputs)
+        rows += calibrate.calibrate_model(lambda: fast.fn(*own))
     flops = _flops(lambda: variants[0].fn(*inputs))
     times: dict[str, list[float]] = {v.name: [] for v in variants}
     with torch.inference_mode():

@@ -189,6 +189,7 @@ def forget() -> None:
 def forget_decisions() -> None:
     """Drop every linear's remembered decision: each decides (and is recorded) afresh at its next call."""
     WEIGHTS.clear("decision")
+    WEIGHTS.clear("int8-decision")
 
 
 def reset() -> list[Path]:
@@ -245,7 +246,8 @@ def calibrate_model(call: Callable[[], Any]) -> list[tuple[str, dict[str, Any]]]
         call()
     t = table()
     unmeasured = {"kernel": settings.linear_kernel() or library.DEFAULT, "gflops": {}}
-    return [(s, t.shapes.get(s, unmeasured)) for s in recorder.seen]
+    return [(s, t.shapes.get(s, {"kernel": "int8", "gflops": {}} if s.startswith("int8 ") else unmeasured))
+            for s in recorder.seen]
 
 
 def format_choices(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
@@ -258,6 +260,10 @@ def format_choices(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
             times = ", ".join(f"{c} {t:.4g} s" for c, t in r.get("seconds", {}).items())
             chosen = f"{int(r['kernel']) >> 20} MB slices" if str(r.get("kernel", "")).isdigit() else "-"
             out.append(f"  {s:<34} {chosen}" + (f"  ({times})" if times else ""))
+            continue
+        if s.startswith("int8 "):  # int8 raced against this shape's f32 kernel
+            rates = ", ".join(f"{nm} {v:.1f}" for nm, v in r.get("gflops", {}).items())
+            out.append(f"  {s:<27} {r['kernel']:<11}" + (f"  ({rates} GFLOP/s)" if rates else ""))
             continue
         rates = r.get("gflops", {})
         cells = " ".join(f"{rates[n]:>11.1f}" if n in rates else f"{'-':>11}" for n in names)

@@ -19,10 +19,11 @@ from a weight (decisions, packed layouts, fused concatenations, int8 copies) is 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,8 +38,9 @@ from .pages import release_file_pages
 from .settings import SettingError
 from .weights import WEIGHTS
 
-__all__ = ["DEFAULT", "KERNELS", "Kernel", "choose", "conv_transpose2x2", "eager_ok", "forced", "fused_linear",
-           "int8_available", "linear", "mark_int8", "measure", "packs_in_place", "plain_inference"]
+__all__ = ["DEFAULT", "KERNELS", "Kernel", "choose", "choose_int8", "conv_transpose2x2", "eager_ok", "forced",
+           "fused_linear", "int8_available", "linear", "mark_int8", "measure", "measure_int8", "packs_in_place",
+           "plain_inference"]
 # shapes under this many FLOPs are not worth timing: they run torch's default
 MIN_CALIBRATED_FLOPS = 2e6
 # calibration of one shape: at most this many rows of the call's input, about this many seconds
@@ -137,44 +139,80 @@ def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             rejected[name] = f"differs from F.linear by {err:.1e}"
             continue
         live.append(name)
-    copies = max(1, min(MAX_COPIES, -(-COLD_BYTES // max(1, weight.numel() * weight.element_size())),
-                        int(PASS_FLOPS // max(flops, 1.0))))
-    weights = [weight]
-    if live and copies > 1:
-        # one allocation for all copies, mapped apart from the heap and handed back to the system when
-        # freed: from the heap they would stay resident, among the activations of the forward that is
-        # calibrating, and steer where its later calls' activations land (README: the peaks measured)
-        with allocator.mapped_apart():
-            weights += weight.expand(copies - 1, *weight.shape).clone().unbind(0)
-    best = {name: float("inf") for name in live}
-    lo, hi = CAL_ROUNDS
-
-    def rounds(copies: list[torch.Tensor]) -> None:
-        start = time.perf_counter()
-        for r in range(hi):
-            for name in (live if r % 2 == 0 else live[::-1]):  # alternate the order: no seat is favoured
-                run = KERNELS[name].run
-                t = time.perf_counter()
-                for w in copies:  # one pass over cold weights, as a forward reads them
-                    run(x, w, bias)
-                best[name] = min(best[name], (time.perf_counter() - t) / len(copies))
-            if r + 1 >= lo and time.perf_counter() - start > budget_s:
-                break
-
-    _, others = others_share(functools.partial(rounds, weights))
-    for w in weights:  # packed copies made for timing: the chosen kernel packs its own
-        WEIGHTS.pop("packed", (w,))
-    del weights
-    allocator.note_burst()  # the entry running this forward hands the freed copies' pages back when it returns
+    copies = _cold_copies(weight, flops) if live else 1
+    with _copies(weight, copies) as weights:
+        runs = {name: functools.partial(_run_on, KERNELS[name].run, x, weights, bias) for name in live}
+        best, others = _race(runs, len(weights), budget_s)
+        for w in weights:  # packed copies made for timing: the chosen kernel packs its own
+            WEIGHTS.pop("packed", (w,))
     gflops = {name: flops / t / 1e9 for name, t in best.items()}
     in_place = _pick({nm: r for nm, r in gflops.items() if not KERNELS[nm].copies_weight})
     out = {"kernel": _pick(gflops), "in_place": in_place, "gflops": {nm: round(v, 2) for nm, v in gflops.items()},
            "rejected": rejected, "rows": m}
+    return _note_load(out, others)
+
+
+def _note_load(entry: dict[str, Any], others: float | None) -> dict[str, Any]:
+    """Record the share of the machine others took while measuring; above DISTURBED the choice is marked: it
+    serves this process, and the next one measures again (calibration.Table)."""
     if others is not None:
-        out["others"] = round(others, 3)
-        if others > DISTURBED:  # used by this process, measured again by the next (calibration.Table)
-            out["disturbed"] = True
-    return out
+        entry["others"] = round(others, 3)
+        if others > DISTURBED:
+            entry["disturbed"] = True
+    return entry
+
+
+def _cold_copies(weight: torch.Tensor, flops: float) -> int:
+    """How many copies of ``weight`` one timed pass runs over: enough that none is in cache when it is read
+    (COLD_BYTES), fewer for a long GEMM (PASS_FLOPS), whose first read of the weight hardly shows."""
+    return max(1, min(MAX_COPIES, -(-COLD_BYTES // max(1, weight.numel() * weight.element_size())),
+                      int(PASS_FLOPS // max(flops, 1.0))))
+
+
+@contextlib.contextmanager
+def _copies(weight: torch.Tensor, copies: int) -> Iterator[list[torch.Tensor]]:
+    """``weight`` and ``copies - 1`` copies of it, for the time of a measurement.
+
+    One allocation for all copies, mapped apart from the heap and handed back to the system when freed:
+    from the heap they would stay resident, among the activations of the forward that is calibrating, and
+    steer where its later calls' activations land (README: the peaks measured)."""
+    weights = [weight]
+    if copies > 1:
+        with allocator.mapped_apart():
+            weights += weight.expand(copies - 1, *weight.shape).clone().unbind(0)
+    try:
+        yield weights
+    finally:
+        del weights
+        allocator.note_burst()  # the entry running this forward hands the copies' pages back when it returns
+
+
+def _run_on(run: Any, x: torch.Tensor, weights: Sequence[Any], bias: torch.Tensor | None, i: int) -> None:
+    run(x, weights[i], bias)
+
+
+def _race(runs: dict[str, Any], copies: int, budget_s: float) -> tuple[dict[str, float], float | None]:
+    """Time every ``runs[name](i)`` as passes over ``i in range(copies)``, interleaved, alternating the order
+    (no seat is favoured), CAL_ROUNDS rounds within about ``budget_s``; the best seconds per call of each, and
+    the share of the machine other processes took meanwhile."""
+    best = dict.fromkeys(runs, float("inf"))
+    names = list(runs)
+    lo, hi = CAL_ROUNDS
+
+    def rounds() -> None:
+        start = time.perf_counter()
+        for r in range(hi):
+            for name in (names if r % 2 == 0 else names[::-1]):
+                run = runs[name]
+                t = time.perf_counter()
+                for i in range(copies):  # one pass over cold weights, as a forward reads them
+                    run(i)
+                best[name] = min(best[name], (time.perf_counter() - t) / copies)
+            if r + 1 >= lo and time.perf_counter() - start > budget_s:
+                break
+
+    _, others = others_share(rounds)
+    return best, others
 
 
 def _pick(gflops: dict[str, float]) -> str:
@@ -220,7 +258,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if not eager_ok(x, weight) or x.numel() == 0:
         return F.linear(x, weight, bias)
     x2d = _rows(x)
-    if _INT8_MARKED[0] and getattr(weight, _INT8_FLAG, False):
+    if _INT8_MARKED[0] and getattr(weight, _INT8_FLAG, False) and _decide_int8(x2d, weight, bias):
         y = torch.ops.quantized.linear_dynamic(x2d, _int8_packed(weight, bias), True)
         return y.view(*x.shape[:-1], weight.shape[0])
     name = _decide(x2d, weight, bias)
@@ -280,6 +318,71 @@ def mark_int8(weight: torch.Tensor) -> None:
 
 def int8_available() -> bool:
     return hasattr(torch.ops.quantized, "linear_dynamic") and bool(torch.backends.quantized.supported_engines)
+
+
+def _decide_int8(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether this marked weight runs int8 at this row count: remembered per weight like :func:`_decide`."""
+    extra = (x2d.shape[0], bias is not None, torch.get_num_threads())
+    hit = WEIGHTS.get("int8-decision", (weight,), extra)
+    if hit is None:
+        hit = WEIGHTS.put("int8-decision", (weight,), choose_int8(x2d, weight, bias) == "int8", extra)
+    return hit
+
+
+def int8_key(m: int, n: int, k: int, bias: bool) -> str:
+    return "int8 " + calibration.shape_key(m, n, k, bias)
+
+
+def choose_int8(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
+    """``"int8"``, or the f32 kernel where int8 is not faster for this shape: cached, or measured now.
+
+    int8 is asked for per model, but it does not win everywhere (a small GEMM is dominated by quantising
+    its input; a CPU without 8-bit dot products gains less): each shape races int8 against the f32 kernel
+    its own calibration chose, on the call's data, as :func:`measure` does, and keeps the faster. Forced
+    kernels and ``KESTREL_CALIBRATE=0`` keep int8 everywhere it was asked for.
+    """
+    m, k = x2d.shape
+    n = weight.shape[0]
+    key = int8_key(m, n, k, bias is not None)
+    calibration.note(key)
+    if forced() is not None or not settings.calibrate() or 2.0 * m * n * k < MIN_CALIBRATED_FLOPS:
+        return "int8"
+    table = calibration.table()
+    entry = table.shapes.get(key)
+    if entry is None:
+        entry = measure_int8(x2d, weight, bias, choose(x2d, weight, bias))
+        table.put_entry(key, entry)
+    return entry["kernel"]
+
+
+def measure_int8(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, f32: str,
+                 budget_s: float = CAL_BUDGET_S) -> dict[str, Any]:
+    """Race int8 dynamic quantisation against the f32 kernel ``f32`` on (up to CAL_ROWS rows of) this input,
+    each over cold copies of its own weight; ``{"kernel": the faster, "gflops": {...}, "rows", "others"}``.
+    int8 must beat f32 by MARGIN: it is not exact, so a tie goes to f32."""
+    x = x2d[:CAL_ROWS]
+    m, k = x.shape
+    flops = 2.0 * m * weight.shape[0] * k
+    copies = _cold_copies(weight, flops)
+    with _copies(weight, copies) as weights:
+        packs = [_quantize(w, bias) for w in weights]
+        kernel = KERNELS[f32].run
+        if KERNELS[f32].copies_weight and not packs_in_place(weight):
+            kernel = KERNELS[DEFAULT].run  # what this weight would run in f32
+        runs = {"int8": functools.partial(_run_int8, x, packs),
+                f32: functools.partial(_run_on, kernel, x, weights, bias)}
+        best, others = _race(runs, copies, budget_s)
+        for w in weights:
+            WEIGHTS.pop("packed", (w,))
+        del packs
+    gflops = {name: flops / t / 1e9 for name, t in best.items()}
+    chosen = "int8" if gflops["int8"] > gflops[f32] * (1 + MARGIN) else f32
+    return _note_load({"kernel": chosen, "gflops": {nm: round(v, 2) for nm, v in gflops.items()}, "rows": m},
+                      others)
+
+
+def _run_int8(x: torch.Tensor, packs: Sequence[Any], i: int) -> None:
+    torch.ops.quantized.linear_dynamic(x, packs[i], True)
 
 
 def _int8_packed(weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
