@@ -73,9 +73,15 @@ from typing import Any
 
 import torch
 
-VARIANTS = ("kestrel", "kestrel-compile", "hf", "hf-compile", "onnx")
+# Kestrel's variants: kestrel.load's keywords besides the checkpoint (int8 and bf16 are the opt-in fast paths,
+# not exact: their rel diff is their distance from transformers' f32, and their speed-up is against "kestrel")
+KESTREL_VARIANTS: dict[str, dict[str, Any]] = {"kestrel": {}, "kestrel-compile": {},
+                                               "kestrel-int8": {"quantize": "int8"}, "kestrel-bf16": {"dtype": "bf16"}}
+VARIANTS = ("kestrel", "kestrel-compile", "hf", "hf-compile", "onnx", "kestrel-int8", "kestrel-bf16")
+DEFAULT_VARIANTS = ("kestrel", "kestrel-compile", "hf", "hf-compile", "onnx")
 DEFAULT_MODELS = "vit,dinov2,siglip,siglip-text,sam,sam-decode"
-LABELS = {"kestrel": "kestrel eager", "kestrel-compile": "kestrel compile", "hf": "transformers eager",
+LABELS = {"kestrel": "kestrel eager", "kestrel-compile": "kestrel compile", "kestrel-int8": "kestrel int8",
+          "kestrel-bf16": "kestrel bf16", "hf": "transformers eager",
           "hf-compile": "transformers compile", "onnx": "onnxruntime (kestrel)"}
 RESULT_MARK = "@@BENCH-RESULT "
 # glibc keeps freed memory instead of unmapping it: no page faults on the next call's activations
@@ -521,17 +527,20 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
 
     setup = 0.0
     t0 = time.perf_counter()
-    if variant in ("kestrel", "kestrel-compile"):
+    if variant in KESTREL_VARIANTS:
         import kestrel
 
         compiled = variant == "kestrel-compile"  # what a user gets: compiled, raced against eager per shape
-        model = kestrel.load(job["checkpoint"], compile=compiled, **spec.load_kwargs(cfg, image))
+        model = kestrel.load(job["checkpoint"], compile=compiled, **KESTREL_VARIANTS[variant],
+                             **spec.load_kwargs(cfg, image))
         entry = getattr(model, spec.entry)
+        if variant == "kestrel-bf16":  # the model takes bf16 images; the output is compared in f32
+            inputs = tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs)
 
         def fn(*xs: torch.Tensor) -> Any:
-            return spec.output(entry(*xs))
+            return spec.output(entry(*xs)).float()
 
-        if variant == "kestrel":  # measure every GEMM shape now (or read the cached choices): not timed
+        if variant != "kestrel-compile":  # measure every GEMM shape now (or read the cached choices): not timed
             from kestrel.kernels import calibration as calibrate
 
             t = time.perf_counter()
@@ -753,6 +762,10 @@ def targets(case: Case, hw_peak: float) -> list[str]:
         if "hf" in rows and "peak_mb" in k and "peak_mb" in rows["hf"]:
             ok = k["peak_mb"] <= rows["hf"]["peak_mb"]
             checks.append(f"peak MB {k['peak_mb']:.0f} vs {rows['hf']['peak_mb']:.0f} {'met' if ok else 'MISSED'}")
+        for fast, goal in (("kestrel-int8", 1.5), ("kestrel-bf16", 1.8)):
+            if fast in rows:
+                speedup = k["median"] / rows[fast]["median"]
+                checks.append(f"{fast[8:]} {speedup:.2f}x f32 (goal {goal}x) {'met' if speedup >= goal else 'MISSED'}")
         if b >= 8 or case.model == "sam":
             pct = case.flops * b / k["median"] / 1e9 / hw_peak
             goal = 0.75 if case.model == "sam" else 0.85
@@ -790,8 +803,8 @@ def print_case(case: Case, args: argparse.Namespace, peak: float, hw_peak: float
     for line in targets(case, hw_peak):
         print(line)
     for r in case.rows:
-        if r["variant"] == "kestrel" and r.get("calibration"):
-            print(f"kernels chosen for Kestrel eager, batch {r['batch']} ({r.get('calibrate_s', 0):.1f} s to "
+        if r["variant"] in KESTREL_VARIANTS and r.get("calibration"):
+            print(f"kernels chosen for {LABELS[r['variant']]}, batch {r['batch']} ({r.get('calibrate_s', 0):.1f} s to "
                   f"calibrate or read {r.get('calibration_file')}):")
             print("\n".join(format_choices(r["calibration"])))
     for r in case.rows:
@@ -813,7 +826,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=1, help="untimed calls before timing (default 1)")
     ap.add_argument("--size", choices=("full", "small"), default="full",
                     help="full: the real configs; small: tiny configs for a smoke test")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list from {', '.join(VARIANTS)}")
+    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                    help=f"comma list from {', '.join(VARIANTS)} (default {','.join(DEFAULT_VARIANTS)})")
     ap.add_argument("--quick", action="store_true",
                     help="repeat 2, warmup 1, and each model's larger image sizes at batch 1 only")
     ap.add_argument("--threads", type=int, default=None, help="threads per row (default: physical cores)")

@@ -12,7 +12,8 @@ from typing import Any
 
 LABELS = {"kestrel": "Kestrel eager", "kestrel-compile": "Kestrel compiled", "hf": "transformers eager",
           "hf-compile": "transformers compiled", "onnx": "onnxruntime (Kestrel export)",
-          "executorch-xnnpack": "ExecuTorch XNNPACK .pte", "executorch-portable": "ExecuTorch portable .pte"}
+          "executorch-xnnpack": "ExecuTorch XNNPACK .pte", "executorch-portable": "ExecuTorch portable .pte",
+          "kestrel-int8": "Kestrel int8 (not exact)", "kestrel-bf16": "Kestrel bf16 (not exact)"}
 ORDER = list(LABELS)
 
 
