@@ -823,6 +823,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default=DEFAULT_MODELS, help=f"comma list from {', '.join(REGISTRY)}")
     ap.add_argument("--batch", default="1,8", help="comma list of batch sizes (default 1,8)")
     ap.add_argument("--repeat", type=int, default=3, help="timed calls per row (default 3; the median is shown)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every variant's row this many times, alternating the order, and pool the calls "
+                         "(default 1; on a machine whose speed drifts between minutes, 2-3 keep the ratios fair)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed calls before timing (default 1)")
     ap.add_argument("--size", choices=("full", "small"), default="full",
                     help="full: the real configs; small: tiny configs for a smoke test")
@@ -906,24 +909,27 @@ def main(argv: list[str] | None = None) -> int:
                     exp = run_subprocess_export(common | {"out": str(tmpdir / f"onnx-{case.name}")}, args.row_timeout)
                     case.onnx, case.onnx_error, case.export_s = exp.get("onnx"), exp.get("error"), exp.get("export_s")
                 for b in case_batches:
+                    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+                    for r in range(args.rounds):  # rounds alternate the order: no variant always goes first
+                        for v in (variants if r % 2 == 0 else variants[::-1]):
+                            job = common | {"variant": v, "batch": b, "repeat": args.repeat, "warmup": args.warmup,
+                                            "freezing": args.freezing, "profile": args.profile,
+                                            "malloc_cache": args.malloc_cache,
+                                            "inductor_cache": str(tmpdir / f"inductor-{case.name}-{v}-{b}"),
+                                            "output": str(tmpdir / f"out-{case.name}-{v}-{b}.pt"), "onnx": case.onnx}
+                            if v == "onnx" and case.onnx is None:
+                                row = {"error": f"export failed: {case.onnx_error}"}
+                            else:
+                                before = wait_quiet(args.max_wait) if args.max_wait > 0 else None
+                                row = run_subprocess(job, args.row_timeout)
+                                row["other_load_before"] = before
+                            if v == "onnx" and "error" not in row and case.export_s is not None:
+                                row["setup_s"] = case.export_s + row.get("setup_s", 0.0)
+                            runs[v].append(row)
+                            status = row.get("error") or f"{row['median']:.3f} s"
+                            print(f"  {case.name} {v:<16} batch {b}: {status}", flush=True)
                     for v in variants:
-                        job = common | {"variant": v, "batch": b, "repeat": args.repeat, "warmup": args.warmup,
-                                        "freezing": args.freezing, "profile": args.profile,
-                                        "malloc_cache": args.malloc_cache,
-                                        "inductor_cache": str(tmpdir / f"inductor-{case.name}-{v}-{b}"),
-                                        "output": str(tmpdir / f"out-{case.name}-{v}-{b}.pt"), "onnx": case.onnx}
-                        if v == "onnx" and case.onnx is None:
-                            row = {"error": f"export failed: {case.onnx_error}"}
-                        else:
-                            before = wait_quiet(args.max_wait) if args.max_wait > 0 else None
-                            row = run_subprocess(job, args.row_timeout)
-                            row["other_load_before"] = before
-                        if v == "onnx" and "error" not in row and case.export_s is not None:
-                            row["setup_s"] = case.export_s + row.get("setup_s", 0.0)
-                        row.update(variant=v, batch=b)
-                        case.rows.append(row)
-                        status = row.get("error") or f"{row['median']:.3f} s"
-                        print(f"  {case.name} {v:<16} batch {b}: {status}", flush=True)
+                        case.rows.append(merge_rounds(runs[v]) | {"variant": v, "batch": b})
                 _compare(case, tmpdir)
                 cases.append(case)
                 print("\n(interim, % against the GEMM peaks measured at the start)", flush=True)
@@ -946,6 +952,24 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
         print(f"\nwrote {args.out}")
     return 0
+
+
+def merge_rounds(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One variant's rounds as one row: every timed call pooled (median, min), the worst memory and load;
+    ``round_medians`` keeps each round's own median, so drift between rounds shows."""
+    ok = [r for r in rows if "error" not in r]
+    if not ok:
+        return rows[-1]
+    row = dict(ok[-1])
+    if len(ok) > 1:
+        times = [t for r in ok for t in r["times"]]
+        row.update(times=times, median=statistics.median(times), min=min(times),
+                   round_medians=[r["median"] for r in ok])
+        for key in ("peak_mb", "other_load"):
+            values = [r[key] for r in ok if isinstance(r.get(key), int | float)]
+            if values:
+                row[key] = max(values)
+    return row
 
 
 def run_subprocess_export(job: dict[str, Any], timeout: float) -> dict[str, Any]:
