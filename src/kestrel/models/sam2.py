@@ -296,26 +296,16 @@ class FpnNeck(Block):
 # ----------------------------------------------------------------------------------- mask decoder
 
 
-class MaskAttention(Block):
+class MaskAttention(sam_parts.MaskAttentionHeads):
     """Multi-head attention whose projections may narrow the width to ``Internal``; ``key_bias`` is
     added to every query's scores (0, or -1e9 for a key that is a padding token)."""
 
-    Hd: Dim
-    Internal: Dim
-    Heads: Dim
-    T: Float
-    where = "Heads > 0, Internal % Heads == 0"
-
-    q_proj: Linear["Hd, Internal, T"]
-    k_proj: Linear["Hd, Internal, T"]
-    v_proj: Linear["Hd, Internal, T"]
     o_proj: Linear["Internal, Hd, T"]
 
     def forward(
         self, query: "Tensor[B, Pts, Q, Hd; T]", key: "Tensor[B, Pts, K, Hd; T]", value: "Tensor[B, Pts, K, Hd; T]"
     ) -> "Tensor[B, Pts, Q, Hd; T]":
-        y = ops.multihead_attention(self.q_proj(query), self.k_proj(key), self.v_proj(value), self.Heads)
-        return self.o_proj(y)
+        return self.o_proj(self._attend(query, key, value))
 
     def masked(
         self, query: "Tensor[B, Pts, Q, Hd; T]", key: "Tensor[B, Pts, K, Hd; T]", value: "Tensor[B, Pts, K, Hd; T]",
