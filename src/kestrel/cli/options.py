@@ -808,6 +808,11 @@ class Option:
         return out
 
 
+def weights_option(help: str = "read the card's files from DIR instead of the hub") -> Option:
+    """``--weights DIR``: the card's files (config.json and *.safetensors) from a local folder."""
+    return Option("--weights", ExistingDir(hint="give a folder with config.json and *.safetensors"), help=help)
+
+
 @dataclass(frozen=True)
 class Command:
     """A ``kestrel`` command: its name, help, the function that runs it, and every option it takes."""
