@@ -19,6 +19,10 @@ Exit codes of the command (also in ``kestrel --help``):
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
+from types import ModuleType
+
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
@@ -56,5 +60,16 @@ class KestrelWarning(UserWarning):
     command line prints it as one ``kestrel COMMAND: warning: ...`` line."""
 
 
+def import_extra(*modules: str, error: Callable[[str], Exception], message: str) -> ModuleType:
+    """Import an optional dependency (a ``pip install 'kestrel[...]'`` extra): ``modules`` in order,
+    returning the first; when one is missing raise ``error(message)``, a message naming the extra,
+    without the ImportError's traceback."""
+    try:
+        imported = [importlib.import_module(m) for m in modules]
+    except ImportError:
+        raise error(message) from None
+    return imported[0]
+
+
 __all__ = ["EXIT_CHECK_FAILED", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "KestrelError",
-           "KestrelWarning", "OutputError", "UsageError"]
+           "KestrelWarning", "OutputError", "UsageError", "import_extra"]

@@ -236,6 +236,16 @@ def dim_of(x: Any) -> SymDim | int:
 METHODS: dict[str, Callable[..., Any]] = {}
 
 
+def _operator(method: str, reflected: bool = False) -> Callable[[Any, Any], Any]:
+    """A tensor operator that calls the registered ``method`` op: ``x op o`` as ``method(x, o)``, or
+    when ``reflected`` (``__radd__``...: ``o`` stood on the left) as ``method(o, x)``."""
+
+    def operator(self: Any, o: Any) -> Any:
+        return METHODS[method](o, self) if reflected else METHODS[method](self, o)
+
+    return operator
+
+
 class SymTensor:
     """A tensor under the checker: its type, and its id in the function's graph."""
 
@@ -295,38 +305,19 @@ class SymTensor:
         return functools.partial(method, self)
 
     # operators dispatch through the same registry
-    def __add__(self, o: Any) -> Any:
-        return METHODS["add"](self, o)
-
-    def __radd__(self, o: Any) -> Any:
-        return METHODS["add"](o, self)
-
-    def __sub__(self, o: Any) -> Any:
-        return METHODS["sub"](self, o)
-
-    def __rsub__(self, o: Any) -> Any:
-        return METHODS["sub"](o, self)
-
-    def __mul__(self, o: Any) -> Any:
-        return METHODS["mul"](self, o)
-
-    def __rmul__(self, o: Any) -> Any:
-        return METHODS["mul"](o, self)
-
-    def __truediv__(self, o: Any) -> Any:
-        return METHODS["div"](self, o)
-
-    def __rtruediv__(self, o: Any) -> Any:
-        return METHODS["div"](o, self)
+    __add__ = _operator("add")
+    __radd__ = _operator("add", reflected=True)
+    __sub__ = _operator("sub")
+    __rsub__ = _operator("sub", reflected=True)
+    __mul__ = _operator("mul")
+    __rmul__ = _operator("mul", reflected=True)
+    __truediv__ = _operator("div")
+    __rtruediv__ = _operator("div", reflected=True)
+    __matmul__ = _operator("matmul")
+    __getitem__ = _operator("getitem")
 
     def __neg__(self) -> Any:
         return METHODS["mul"](self, -1)
-
-    def __matmul__(self, o: Any) -> Any:
-        return METHODS["matmul"](self, o)
-
-    def __getitem__(self, index: Any) -> Any:
-        return METHODS["getitem"](self, index)
 
     def __bool__(self) -> bool:
         raise ShapeError("the truth value of a tensor depends on its data, not its type")

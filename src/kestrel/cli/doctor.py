@@ -14,7 +14,7 @@ import torch
 
 from ..errors import UsageError
 from ..kernels.contention import others_share
-from .options import Choice, Command, ExistingDir, IntList, ModelRef, Option, PositiveInt, Text, Threads, register
+from .options import Choice, Command, IntList, ModelRef, Option, PositiveInt, Text, Threads, register, weights_option
 
 DOCTOR_EPILOG = """examples:
   kestrel doctor                          machine, libraries, f32 GEMM rate of every kernel at 1..cores threads
@@ -303,8 +303,7 @@ register(Command(
     epilog=DOCTOR_EPILOG,
     options=[
         Option("--model", ModelRef(), help="a card name or save_pretrained directory: calibrate every shape it uses"),
-        Option("--weights", ExistingDir(hint="give a folder with config.json and *.safetensors"),
-               help="local directory of the card's files"),
+        weights_option(help="local directory of the card's files"),
         Option("--entry", Text(what="entry name", metavar="ENTRY"),
                help="the entry to run (default: the model's first)"),
         Option("--batch", PositiveInt(4096), default=1, help="batch for --model, 1 to 4096 (default 1)"),
@@ -322,8 +321,7 @@ register(Command(
     epilog=BENCH_EPILOG,
     options=[
         Option("model", ModelRef(metavar="MODEL"), help="a card name or a save_pretrained directory"),
-        Option("--weights", ExistingDir(hint="give a folder with config.json and *.safetensors"),
-               help="local directory of the card's files"),
+        weights_option(help="local directory of the card's files"),
         Option("--entry", Text(what="entry name", metavar="ENTRY"),
                help="the entry to time (default: the model's first)"),
         Option("--batch", IntList(1, 4096), default=[1, 8], help="comma list of batch sizes, each 1 to 4096 "

@@ -23,7 +23,6 @@ from ..models.cards import CARDS, Card, CardError, family_for_config, find_card
 from .options import (
     Choice,
     Command,
-    ExistingDir,
     GenericNames,
     Int,
     ModelRef,
@@ -34,6 +33,7 @@ from .options import (
     PositiveInt,
     Text,
     register,
+    weights_option,
 )
 
 EXPORT_TARGETS = ("executorch-webgpu", "executorch-portable", "executorch-xnnpack", "onnx")
@@ -336,8 +336,7 @@ register(Command(
              Option("--target", Choice(choices=EXPORT_TARGETS), default="onnx",
                     help="executorch-webgpu, executorch-portable, executorch-xnnpack or onnx (default)"),
              Option("--out", OutDir(), required=True, help="output directory"),
-             Option("--weights", ExistingDir(hint="give a folder with config.json and *.safetensors"),
-                    help="read the card's weights from this directory"),
+             weights_option(help="read the card's weights from this directory"),
              Option("--size", PixelSize(),
                     help="input image size to bind (SAM 2.1: a multiple of 32, 512 or 1024; ViT/DINOv2: a "
                          "multiple of the patch size)"),

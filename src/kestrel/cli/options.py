@@ -580,17 +580,29 @@ class NpyFile(ExistingPath):
 
 
 @dataclass(frozen=True)
-class NewFile(Kind):
+class _WritePath(Kind):
+    """A path a command writes: refused, with the reason, where :func:`_write_reason` finds that it
+    cannot be written as a folder (when :meth:`writes_folder`) or as a file."""
+
+    def writes_folder(self, text: str) -> bool:
+        raise NotImplementedError
+
+    def parse(self, text: str) -> str:
+        reason = _write_reason(text, folder=self.writes_folder(text))
+        if reason:
+            raise Bad(f"{shown(text, PATH_LIMIT)}: {reason}")
+        return text
+
+
+@dataclass(frozen=True)
+class NewFile(_WritePath):
     """A file to write: absent or a regular file; not a folder, a link, a FIFO or inside a file."""
 
     expect: str = "a file to write (absent, or a regular file to replace)"
     metavar: str | None = "FILE"
 
-    def parse(self, text: str) -> str:
-        reason = _write_reason(text, folder=False)
-        if reason:
-            raise Bad(f"{shown(text, PATH_LIMIT)}: {reason}")
-        return text
+    def writes_folder(self, text: str) -> bool:
+        return False
 
     @property
     def bad(self) -> tuple[str, ...]:
@@ -598,17 +610,14 @@ class NewFile(Kind):
 
 
 @dataclass(frozen=True)
-class OutDir(Kind):
+class OutDir(_WritePath):
     """A folder to write into: absent (created when the work succeeds) or a folder; not a file or a broken link."""
 
     expect: str = "a folder to write into (absent or a folder)"
     metavar: str | None = "DIR"
 
-    def parse(self, text: str) -> str:
-        reason = _write_reason(text, folder=True)
-        if reason:
-            raise Bad(f"{shown(text, PATH_LIMIT)}: {reason}")
-        return text
+    def writes_folder(self, text: str) -> bool:
+        return True
 
     @property
     def bad(self) -> tuple[str, ...]:
@@ -616,18 +625,14 @@ class OutDir(Kind):
 
 
 @dataclass(frozen=True)
-class NewFileOrDir(Kind):
+class NewFileOrDir(_WritePath):
     """A file to write or a folder to write into, whichever the command decides from it (``embed --out``)."""
 
     expect: str = "a file to write or a folder to write into"
     metavar: str | None = "FILE|DIR"
 
-    def parse(self, text: str) -> str:
-        folder = os.path.isdir(text) or not text.endswith(".safetensors")
-        reason = _write_reason(text, folder=folder and os.path.isdir(text))
-        if reason:
-            raise Bad(f"{shown(text, PATH_LIMIT)}: {reason}")
-        return text
+    def writes_folder(self, text: str) -> bool:
+        return os.path.isdir(text)  # an existing folder is written into; any other path is checked as a file
 
     @property
     def bad(self) -> tuple[str, ...]:
@@ -801,6 +806,11 @@ class Option:
         if self.default is not None:
             out["default"] = self.default
         return out
+
+
+def weights_option(help: str = "read the card's files from DIR instead of the hub") -> Option:
+    """``--weights DIR``: the card's files (config.json and *.safetensors) from a local folder."""
+    return Option("--weights", ExistingDir(hint="give a folder with config.json and *.safetensors"), help=help)
 
 
 @dataclass(frozen=True)

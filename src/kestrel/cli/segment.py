@@ -14,7 +14,6 @@ from .options import (
     Choice,
     Command,
     Device,
-    ExistingDir,
     ExistingPath,
     Int,
     ModelRef,
@@ -27,6 +26,7 @@ from .options import (
     PositiveInt,
     Probability,
     register,
+    weights_option,
 )
 from .tasks import speed_options
 
@@ -257,8 +257,7 @@ register(Command(
         Option("--out", OutDir(), default="segment-out", help="output directory (default segment-out)"),
         Option("--model", ModelRef(), default="sam-vit-base",
                help="card name or save_pretrained directory (default sam-vit-base)"),
-        Option("--weights", ExistingDir(hint="give a folder with config.json and *.safetensors"),
-               help="read the card's files from DIR instead of the hub"),
+        weights_option(),
         Option("--size", PixelSize(), help="SAM 2: run at PX x PX (1024 upstream, 512 the edge recipe; a multiple "
                                            "of 32)"),
         Option("--device", Device(), default="cpu", help="cpu (default) or cuda"),

@@ -6,7 +6,19 @@ import argparse
 from pathlib import Path
 
 from ..kernels import settings
-from .options import Choice, Command, ExistingDir, Host, ModelRef, Option, PixelSize, Port, PositiveInt, register
+from .options import (
+    Choice,
+    Command,
+    ExistingDir,
+    Host,
+    ModelRef,
+    Option,
+    PixelSize,
+    Port,
+    PositiveInt,
+    register,
+    weights_option,
+)
 
 DESCRIPTION = """\
 A local web page that segments with SAM 2.1 in the browser. Open or drop an image: the encoder runs
@@ -122,8 +134,7 @@ register(Command(
                help="a `kestrel export --target onnx` folder of SAM 2.1"),
         Option("--model", ModelRef(), help="SAM 2.1 card or save_pretrained directory (exported on first use unless "
                                            "--export is given)"),
-        Option("--weights", ExistingDir(hint="give a folder with config.json and *.safetensors"),
-               help="read the card's files from DIR instead of the hub"),
+        weights_option(),
         Option("--size", PixelSize(), help=f"encoder input size (default: the export's, or {DEFAULT_SIZE}; a "
                                            "multiple of 32)"),
         Option("--encode", Choice(choices=("page", "server")), default="page",

@@ -16,7 +16,6 @@ from .options import (
     Choice,
     Command,
     Device,
-    ExistingDir,
     ImagePath,
     ModelRef,
     NewFileOrDir,
@@ -28,6 +27,7 @@ from .options import (
     Text,
     register,
     shown,
+    weights_option,
 )
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
@@ -293,8 +293,7 @@ def model_options(default_model: str | None, batch: bool = True) -> list[Option]
         Option("--model", ModelRef(), default=default_model, required=default_model is None,
                help="card name, hub id (org/name) or save_pretrained directory"
                     + (f" (default {default_model})" if default_model else "")),
-        Option("--weights", ExistingDir(hint="give a folder with config.json and *.safetensors"),
-               help="read the card's files from DIR instead of the hub"),
+        weights_option(),
         Option("--device", Device(), default="cpu", help="cpu (default), cuda, cuda:N or mps"),
         Option("--dtype", Choice(choices=("f32", "bf16", "f16")), default="f32", help="compute dtype (default f32)"),
         *speed_options(),

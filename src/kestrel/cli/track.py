@@ -23,6 +23,7 @@ from .options import (
     OutDir,
     Text,
     register,
+    weights_option,
 )
 
 EPILOG = """examples:
@@ -279,8 +280,7 @@ register(Command(
                help="stop before frame N (exclusive; default: the last frame)"),
         Option("--eval", ExistingDir(metavar="GT_DIR"),
                help="score the masks against DAVIS-style ground-truth PNGs (pixel = object id): J, F, J&F"),
-        Option("--weights", ExistingDir(hint="give a folder with config.json and *.safetensors"),
-               help="read the card's files from DIR instead of the hub"),
+        weights_option(),
         Option("--device", Device(), default="cpu", help="cpu (default), cuda, cuda:N or mps"),
         Option("--dtype", Choice(choices=("f32", "bf16", "f16")), default="f32", help="compute dtype (default f32)"),
         Option("--quiet", help="no progress bar"),

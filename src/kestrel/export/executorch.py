@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import KestrelError
+from ..errors import KestrelError, import_extra
 from .manifest import quiet
 
 BACKENDS = ("webgpu", "xnnpack", "portable")
@@ -60,13 +60,11 @@ class ExecuTorchError(KestrelError, RuntimeError):
 
 def require_executorch() -> str:
     """The installed executorch version; a clear error naming the extra when it is missing."""
-    try:
-        from importlib.metadata import version
+    from importlib.metadata import version
 
-        import executorch  # noqa: F401
-    except ImportError:
-        raise ExecuTorchError("the ExecuTorch targets need executorch: pip install 'kestrel[edge]' "
-                              "(executorch==1.5.1 beside torch==2.13.0)") from None
+    import_extra("executorch", error=ExecuTorchError,
+                 message="the ExecuTorch targets need executorch: pip install 'kestrel[edge]' "
+                         "(executorch==1.5.1 beside torch==2.13.0)")
     return version("executorch")
 
 

@@ -174,25 +174,15 @@ def encoder_layout(depth: int, global_layers: tuple[int, ...] | list[int]) -> tu
 # ----------------------------------------------------------------------------------- mask decoder
 
 
-class MaskAttention(Block):
+class MaskAttention(sam_parts.MaskAttentionHeads):
     """Multi-head attention whose projections may narrow the width to ``Internal``."""
 
-    Hd: Dim
-    Internal: Dim
-    Heads: Dim
-    T: Float
-    where = "Heads > 0, Internal % Heads == 0"
-
-    q_proj: Linear["Hd, Internal, T"]
-    k_proj: Linear["Hd, Internal, T"]
-    v_proj: Linear["Hd, Internal, T"]
     out_proj: Linear["Internal, Hd, T"]
 
     def forward(
         self, query: "Tensor[B, Pts, Q, Hd; T]", key: "Tensor[B, Pts, K, Hd; T]", value: "Tensor[B, Pts, K, Hd; T]"
     ) -> "Tensor[B, Pts, Q, Hd; T]":
-        y = ops.multihead_attention(self.q_proj(query), self.k_proj(key), self.v_proj(value), self.Heads)
-        return self.out_proj(y)
+        return self.out_proj(self._attend(query, key, value))
 
 
 class TwoWayAttentionBlock(sam_parts.TwoWaySizes):

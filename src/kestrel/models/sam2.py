@@ -92,15 +92,21 @@ class WindowAttention(transformer.MultiHead):
         return self.proj(y.transpose(1, 2).reshape(Bw, wh, ww, self.D))
 
 
-class PoolAttention(Block):
-    """Attention whose queries are 2 x 2 max-pooled inside each ``2Q x 2Q`` window (stage changes)."""
+class StageChange(Block, abstract=True):
+    """The generics a stage change opens with: ``Din -> Dout`` channels in ``Heads`` heads, the
+    queries max-pooled inside ``2Q x 2Q`` windows; declared once for the layer and its attention."""
 
     Din: Dim
     Dout: Dim
     Heads: Dim
     Q: Dim
-    T: Float
     where = "Heads > 0, Dout > 0, Dout % Heads == 0, Q > 0"
+
+
+class PoolAttention(StageChange):
+    """Attention whose queries are 2 x 2 max-pooled inside each ``2Q x 2Q`` window (stage changes)."""
+
+    T: Float
 
     qkv: Linear["Din, 3 * Dout, T"]
     proj: Linear["Dout, Dout, T"]
@@ -139,21 +145,17 @@ class HieraLayer(transformer.MultiHead):
         return x + self.mlp(self.layer_norm2(x))
 
 
-class HieraPoolLayer(Block):
+class HieraPoolLayer(StageChange):
     """A stage change: ``2 Side -> Side`` by query pooling in ``2Q`` windows, ``Din -> Dout`` channels.
 
     ``Pad`` pads the pooled map to whole ``Q`` windows (the input is padded by ``2 * Pad``); the
     residual is the pooled projection of the normed input.
     """
 
-    Din: Dim
-    Dout: Dim
-    Heads: Dim
-    Q: Dim
     Side: Dim
     Pad: Dim
     T: Float
-    where = "Heads > 0, Dout > 0, Dout % Heads == 0, Q > 0, (Side + Pad) % Q == 0, Side > 0, Side + Pad >= Q"
+    where = "(Side + Pad) % Q == 0, Side > 0, Side + Pad >= Q"
 
     layer_norm1: LayerNorm["Din, T"]
     attn: PoolAttention["Din, Dout, Heads, Q, T"]
@@ -294,26 +296,16 @@ class FpnNeck(Block):
 # ----------------------------------------------------------------------------------- mask decoder
 
 
-class MaskAttention(Block):
+class MaskAttention(sam_parts.MaskAttentionHeads):
     """Multi-head attention whose projections may narrow the width to ``Internal``; ``key_bias`` is
     added to every query's scores (0, or -1e9 for a key that is a padding token)."""
 
-    Hd: Dim
-    Internal: Dim
-    Heads: Dim
-    T: Float
-    where = "Heads > 0, Internal % Heads == 0"
-
-    q_proj: Linear["Hd, Internal, T"]
-    k_proj: Linear["Hd, Internal, T"]
-    v_proj: Linear["Hd, Internal, T"]
     o_proj: Linear["Internal, Hd, T"]
 
     def forward(
         self, query: "Tensor[B, Pts, Q, Hd; T]", key: "Tensor[B, Pts, K, Hd; T]", value: "Tensor[B, Pts, K, Hd; T]"
     ) -> "Tensor[B, Pts, Q, Hd; T]":
-        y = ops.multihead_attention(self.q_proj(query), self.k_proj(key), self.v_proj(value), self.Heads)
-        return self.o_proj(y)
+        return self.o_proj(self._attend(query, key, value))
 
     def masked(
         self, query: "Tensor[B, Pts, Q, Hd; T]", key: "Tensor[B, Pts, K, Hd; T]", value: "Tensor[B, Pts, K, Hd; T]",

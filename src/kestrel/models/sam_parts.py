@@ -22,6 +22,26 @@ class TwoWaySizes(Block, abstract=True):
     where = "Heads > 0, Hd % Heads == 0, (Hd / 2) % Heads == 0"
 
 
+class MaskAttentionHeads(Block, abstract=True):
+    """The mask decoder's attention up to its output projection (``out_proj`` in SAM, ``o_proj`` in
+    SAM 2, so each model declares its own): query, key and value projected from ``Hd`` to the
+    ``Internal`` width, split into ``Heads`` heads."""
+
+    Hd: Dim
+    Internal: Dim
+    Heads: Dim
+    T: Float
+    where = "Heads > 0, Internal % Heads == 0"
+
+    q_proj: Linear["Hd, Internal, T"]
+    k_proj: Linear["Hd, Internal, T"]
+    v_proj: Linear["Hd, Internal, T"]
+
+    def _attend(self, query, key, value):
+        """The heads' attention over the projected inputs, joined back to ``Internal`` channels."""
+        return ops.multihead_attention(self.q_proj(query), self.k_proj(key), self.v_proj(value), self.Heads)
+
+
 class LayerNormCHW(Block):
     """Layer norm over the channels of a channels-first map (the neck and the mask upscaling path)."""
 

@@ -71,15 +71,13 @@ class AttentionPool(transformer.MultiHead):
     mlp: Mlp["D, Inner, T"]
 
     def forward(self, x: "Tensor[B, N, D; T]") -> "Tensor[B, D; T]":
-        B, N, _ = x.shape
-        D, Dh = self.D, self.D // self.Heads
+        B, D = x.shape[0], self.D
         w, b = self.in_proj_weight, self.in_proj_bias
         probe = self.probe.expand(B, -1, -1)
-        q = ops.linear(probe, w[:D], b[:D]).reshape(B, 1, self.Heads, Dh).transpose(1, 2)
+        q = transformer.split_heads(ops.linear(probe, w[:D], b[:D]), self.Heads)
         # key and value in one product, as the reference projects them when key is value
         k, v = ops.split(ops.linear(x, w[D:], b[D:]), [D, D], dim=-1)
-        k = k.reshape(B, N, self.Heads, Dh).transpose(1, 2)
-        v = v.reshape(B, N, self.Heads, Dh).transpose(1, 2)
+        k, v = transformer.split_heads(k, self.Heads), transformer.split_heads(v, self.Heads)
         y = self.out(ops.attention(q, k, v).transpose(1, 2).reshape(B, 1, D))
         y = y + self.mlp(self.norm(y))
         return y[:, 0]

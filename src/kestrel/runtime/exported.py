@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..blocks.decl import arguments_by_name
-from ..errors import KestrelError
+from ..errors import KestrelError, import_extra
 from ..types.dtypes import from_torch
 from .signature import KEY, Signature, SignatureError
 
@@ -153,10 +153,8 @@ def _onnx_metadata(path: Path) -> str:
 
 
 def _session(path: Path, threads: int | None) -> Any:
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        raise ExportedError("running an .onnx program needs onnxruntime: pip install 'kestrel[export]'") from None
+    ort = import_extra("onnxruntime", error=ExportedError,
+                       message="running an .onnx program needs onnxruntime: pip install 'kestrel[export]'")
     opts = ort.SessionOptions()
     if threads:
         opts.intra_op_num_threads = threads

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import KestrelError
+from ..errors import KestrelError, import_extra
 from ..pipelines.datasets import Shard
 from ..pipelines.jobs import JobSpec, ShardResult
 
@@ -28,13 +28,8 @@ class RayUnavailableError(KestrelError, ImportError):
 
 
 def _import_ray() -> Any:
-    try:
-        import ray
-        import ray.data
-    except ImportError:
-        raise RayUnavailableError("--engine ray needs Ray Data: pip install 'kestrel[ray]' "
-                                  "(or use --engine local)") from None
-    return ray
+    return import_extra("ray", "ray.data", error=RayUnavailableError,
+                        message="--engine ray needs Ray Data: pip install 'kestrel[ray]' (or use --engine local)")
 
 
 class ShardWorker:

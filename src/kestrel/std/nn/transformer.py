@@ -17,6 +17,12 @@ class MultiHead(Block, abstract=True):
     where = "Heads > 0, D % Heads == 0"
 
 
+def split_heads(t, heads):
+    """``[B, N, D]`` -> ``[B, heads, N, D / heads]``: each head's slice of the width, as attention takes it."""
+    B, N, D = t.shape
+    return t.reshape(B, N, heads, D // heads).transpose(1, 2)
+
+
 class LayerNorm(Block, module="std.nn.transformer"):
     """Layer norm over the last axis; ``eps`` is a setting (the config's ``layer_norm_eps``)."""
 
@@ -43,13 +49,9 @@ class SelfAttention(MultiHead, module="std.nn.transformer"):
 
     def forward(self, x: "Tensor[B, N, D; T]") -> "Tensor[B, N, D; T]":
         B, N, _ = x.shape
-
-        def heads(t):
-            return t.reshape(B, N, self.Heads, self.D // self.Heads).transpose(1, 2)
-
         qkv = (self.query, self.key, self.value)  # one GEMM: the three weights share one buffer
         q, k, v = ops.fused_linear(x, [p.weight for p in qkv], [p.bias for p in qkv])
-        y = ops.attention(heads(q), heads(k), heads(v))
+        y = ops.attention(split_heads(q, self.Heads), split_heads(k, self.Heads), split_heads(v, self.Heads))
         return self.out(y.transpose(1, 2).reshape(B, N, self.D))
 
 

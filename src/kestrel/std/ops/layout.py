@@ -27,6 +27,12 @@ from ...checker.symbolic import ShapeError, SymTensor, as_poly, current, fmt, op
 from ...shapes.poly import ONE, Poly, floordiv
 
 
+def _spread(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Sizes or axes as torch takes them either way: spread (``x.reshape(2, 3)``) or as one list or
+    tuple (``x.reshape([2, 3])``)."""
+    return tuple(args[0]) if len(args) == 1 and isinstance(args[0], list | tuple) else args
+
+
 @op("reshape", layout="preserve")
 def reshape(x: torch.Tensor, *shape: Any) -> torch.Tensor:
     return x.reshape(*shape)
@@ -36,8 +42,7 @@ def reshape(x: torch.Tensor, *shape: Any) -> torch.Tensor:
 def _reshape_rule(x: SymTensor, *shape: Any) -> SymTensor:
     src = x.fixed_dims("reshape")
     target: list[Poly | None] = []
-    raw = shape[0] if len(shape) == 1 and isinstance(shape[0], list | tuple) else shape
-    for s in raw:
+    for s in _spread(shape):
         target.append(None if (isinstance(s, int) and s == -1) else as_poly(s))
     facts = current().facts
     total = numel(src)
@@ -84,7 +89,7 @@ def permute(x: torch.Tensor, *order: int) -> torch.Tensor:
 @permute.rule
 def _(x: SymTensor, *order: Any) -> SymTensor:
     d = x.fixed_dims("permute")
-    order_ = tuple(order[0]) if len(order) == 1 and isinstance(order[0], list | tuple) else order
+    order_ = _spread(order)
     if not order:
         raise ShapeError(f"permute of {x.show()} needs the order of its axes")
     if len(order_) != len(d) or sorted(axis(x, o) for o in order_) != list(range(len(d))):
@@ -168,7 +173,7 @@ def expand(x: torch.Tensor, *sizes: Any) -> torch.Tensor:
 @expand.rule
 def _(x: SymTensor, *sizes: Any) -> SymTensor:
     d = x.fixed_dims("expand")
-    raw = sizes[0] if len(sizes) == 1 and isinstance(sizes[0], list | tuple) else sizes
+    raw = _spread(sizes)
     if len(raw) < len(d):
         raise ShapeError(f"expand of {x.show()} to {len(raw)} axes")
     out: list[Poly] = []
