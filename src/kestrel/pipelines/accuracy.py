@@ -99,14 +99,14 @@ def measure(reference: torch.nn.Module, fast: torch.nn.Module, batch: int = 16, 
         if caps.segmenter is not None:
             _segmentation(acc, reference, fast, max(1, min(batch, 4)), seed, prompts)
         if caps.features is not None:
-            _features(acc, reference, fast, caps.features, batch, seed)
+            _vectors(acc, reference, fast, caps.features, batch, seed, "images")
         if caps.serves("classify"):
             _classes(acc, reference, fast, batch, seed)
         if caps.text:
             _ranking(acc, reference, fast, batch, seed)
         if not acc.metrics:  # a family with no declared task: its first entry's outputs
             entry = type(reference).decl().entries[0].name
-            _outputs(acc, reference, fast, entry, batch, seed)
+            _vectors(acc, reference, fast, entry, batch, seed, f"{entry} inputs")
     return acc
 
 
@@ -128,20 +128,14 @@ def _first(out: Any) -> torch.Tensor:
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
-def _outputs(acc: Accuracy, ref: torch.nn.Module, fast: torch.nn.Module, entry: str, batch: int, seed: int) -> None:
+def _vectors(acc: Accuracy, ref: torch.nn.Module, fast: torch.nn.Module, entry: str, batch: int, seed: int,
+             what: str) -> None:
+    """Cosine and rel diff of ``entry``'s (first) output on ``batch`` seeded inputs."""
     inputs = _inputs(ref, entry, batch, seed)
     a, b = _first(_run(fast, entry, inputs)), _first(_run(ref, entry, inputs))
     acc.metrics["cosine"] = cosine(a, b)
     acc.rel_diff(a, b)
-    acc.inputs = f"{batch} seeded {entry} inputs"
-
-
-def _features(acc: Accuracy, ref: torch.nn.Module, fast: torch.nn.Module, entry: str, batch: int, seed: int) -> None:
-    inputs = _inputs(ref, entry, batch, seed)
-    a, b = _first(_run(fast, entry, inputs)), _first(_run(ref, entry, inputs))
-    acc.metrics["cosine"] = cosine(a, b)
-    acc.rel_diff(a, b)
-    acc.inputs = f"{batch} seeded images"
+    acc.inputs = f"{batch} seeded {what}"
 
 
 def _classes(acc: Accuracy, ref: torch.nn.Module, fast: torch.nn.Module, batch: int, seed: int) -> None:
