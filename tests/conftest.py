@@ -21,6 +21,37 @@ def _private_kestrel_cache(tmp_path_factory: pytest.TempPathFactory):
         os.environ.pop("KESTREL_CACHE_DIR", None)
 
 
+@pytest.fixture
+def own_calibration(tmp_path, monkeypatch):
+    """A calibration cache of the test's own and no forced kernel: the choices a test measures (or counts)
+    neither come from nor leak into another test's."""
+    from kestrel.kernels import calibration
+
+    monkeypatch.setenv("KESTREL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("KESTREL_LINEAR", raising=False)
+    calibration.forget()
+    yield
+    calibration.forget()
+
+
+@pytest.fixture
+def small_vit(tmp_path):
+    """``small_vit(layers=1, labels=5)`` saves a small seeded ViT classifier (transformers, 32 px, 8 px patches)
+    under the test's folder and returns the folder."""
+    def make(layers: int = 1, labels: int = 5):
+        from transformers import ViTConfig, ViTForImageClassification
+
+        from reference import seeded
+
+        cfg = ViTConfig(hidden_size=64, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=128,
+                        image_size=32, patch_size=8, num_labels=labels)
+        path = tmp_path / f"vit-{layers}x{labels}"
+        seeded(lambda: ViTForImageClassification(cfg)).save_pretrained(path)
+        return path
+
+    return make
+
+
 @pytest.fixture(scope="session")
 def sam2_small(tmp_path_factory: pytest.TempPathFactory):
     """A small SAM 2.1 checkpoint (Hiera-tiny's layout at small widths, seeded random weights) saved by

@@ -6,30 +6,18 @@ import json
 
 import pytest
 import torch
-from transformers import ViTConfig, ViTForImageClassification
 
 import kestrel
 from kestrel.cli.main import main
-from kestrel.kernels import calibration as calibrate
 from kestrel.pipelines import accuracy
 from kestrel.site.charts import accuracy_table, bench_charts
-from reference import seeded
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("KESTREL_CACHE_DIR", str(tmp_path / "cache"))
-    calibrate.forget()
-    yield
-    calibrate.forget()
+pytestmark = pytest.mark.usefixtures("own_calibration")
 
 
 @pytest.fixture
-def vit_dir(tmp_path):
-    cfg = ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128, image_size=32,
-                    patch_size=8, num_labels=10)
-    seeded(lambda: ViTForImageClassification(cfg)).save_pretrained(tmp_path / "vit")
-    return tmp_path / "vit"
+def vit_dir(small_vit):
+    return small_vit(layers=2, labels=10)  # ten classes: top-5 agreement can fall below 1
 
 
 def test_metrics() -> None:

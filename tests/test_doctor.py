@@ -4,30 +4,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import SamConfig, SamModel, ViTConfig, ViTForImageClassification
+from transformers import SamConfig, SamModel
 
 import kestrel
 from kestrel.cli.main import main
 from kestrel.kernels import calibration as calibrate
 from kestrel.runtime.examples import entry_names, example_inputs
-from reference import rel_diff, seeded
+from reference import rel_diff
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("KESTREL_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("KESTREL_LINEAR", raising=False)
-    calibrate.forget()
-    yield
-    calibrate.forget()
+pytestmark = pytest.mark.usefixtures("own_calibration")
 
 
 @pytest.fixture
-def vit_dir(tmp_path):
-    cfg = ViTConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=128, image_size=32,
-                    patch_size=8, num_labels=5)
-    seeded(lambda: ViTForImageClassification(cfg)).save_pretrained(tmp_path / "vit")
-    return tmp_path / "vit"
+def vit_dir(small_vit):
+    return small_vit()
 
 
 def test_doctor_prints_rates_and_the_choice_per_shape(vit_dir, capsys):
