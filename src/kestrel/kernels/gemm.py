@@ -366,11 +366,8 @@ def measure_int8(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     copies = _cold_copies(weight, flops)
     with _copies(weight, copies) as weights:
         packs = [_quantize(w, bias) for w in weights]
-        kernel = KERNELS[f32].run
-        if KERNELS[f32].copies_weight and not packs_in_place(weight):
-            kernel = KERNELS[DEFAULT].run  # what this weight would run in f32
-        runs = {"int8": functools.partial(_run_int8, x, packs),
-                f32: functools.partial(_run_on, kernel, x, weights, bias)}
+        runs = {"int8": functools.partial(_run_int8, x, packs),  # f32: what choose() gave this weight
+                f32: functools.partial(_run_on, KERNELS[f32].run, x, weights, bias)}
         best, others = _race(runs, copies, budget_s)
         for w in weights:
             WEIGHTS.pop("packed", (w,))

@@ -18,7 +18,6 @@ README's table from them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,9 +50,10 @@ COLUMNS = ("cosine", "text cosine", "top-1", "top-5", "ranking", "ranking top-1"
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     """Mean cosine similarity of the vectors along the last axis (one per token, per item)."""
-    a, b = a.float().flatten(0, -2) if a.dim() > 1 else a.float()[None], b.float().flatten(0, -2) if b.dim() > 1 \
-        else b.float()[None]
-    return float(F.cosine_similarity(a, b, dim=-1).mean())
+    def rows(t: torch.Tensor) -> torch.Tensor:
+        return t.float().reshape(-1, t.shape[-1]) if t.dim() else t.float().reshape(1, 1)
+
+    return float(F.cosine_similarity(rows(a), rows(b), dim=-1).mean())
 
 
 def top_k_agreement(logits: torch.Tensor, ref: torch.Tensor, k: int) -> float:
@@ -196,16 +196,13 @@ def _segmentation(acc: Accuracy, ref: torch.nn.Module, fast: torch.nn.Module, im
     acc.inputs = f"{images} seeded 320 x 320 images, {prompts} single-point prompts each"
 
 
-def options() -> dict[str, dict[str, Any]]:
-    """The fast paths ``kestrel.load`` offers, as its keyword arguments."""
-    return {"bf16": {"dtype": "bf16"}, "f16": {"dtype": "f16"}, "int8": {"quantize": "int8"}}
+def cell(metric: str, value: float | None) -> str:
+    """A metric as tables print it ("-" where it was not measured)."""
+    if value is None:
+        return "-"
+    return f"{value:.1e}" if metric == "rel diff" else f"{value:.5f}" if "cosine" in metric else f"{value:.3f}"
 
 
-def row(name: str, option: str, acc: Accuracy, fmt: Callable[[str, float], str] | None = None) -> list[str]:
-    """A table row: the model, the option, then every column of :data:`COLUMNS` ("-" where not measured)."""
-    def show(k: str) -> str:
-        if k not in acc.metrics:
-            return "-"
-        v = acc.metrics[k]
-        return fmt(k, v) if fmt else (f"{v:.1e}" if k == "rel diff" else f"{v:.5f}" if "cosine" in k else f"{v:.3f}")
-    return [name, option, *[show(k) for k in COLUMNS]]
+def row(name: str, option: str, acc: Accuracy) -> list[str]:
+    """A table row: the model, the option, then every column of :data:`COLUMNS`."""
+    return [name, option, *[cell(k, acc.metrics.get(k)) for k in COLUMNS]]

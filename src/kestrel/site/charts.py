@@ -10,6 +10,8 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from ..pipelines.accuracy import cell
+
 LABELS = {"kestrel": "Kestrel eager", "kestrel-compile": "Kestrel compiled", "hf": "transformers eager",
           "hf-compile": "transformers compiled", "onnx": "onnxruntime (Kestrel export)",
           "executorch-xnnpack": "ExecuTorch XNNPACK .pte", "executorch-portable": "ExecuTorch portable .pte",
@@ -70,6 +72,10 @@ ACCURACY_COLUMNS = (("cosine", "feature cosine"), ("text cosine", "text cosine")
                     ("ranking top-1", "zero-shot top-1"), ("mask IoU", "mask IoU"), ("rel diff", "max rel diff"))
 
 
+def _metric(k: str, v: Any) -> str:
+    return cell(k, v if isinstance(v, int | float) else None)
+
+
 def accuracy_table(results: dict[str, Any], family: str) -> str:
     """A ``bench/accuracy.py --out`` run's rows for this family: what each fast path costs against f32."""
     rows = [r for r in results.get("rows", []) if r.get("family") == family and isinstance(r.get("metrics"), dict)]
@@ -77,14 +83,9 @@ def accuracy_table(results: dict[str, Any], family: str) -> str:
         return ""
     cols = [(k, label) for k, label in ACCURACY_COLUMNS if any(k in r["metrics"] for r in rows)]
 
-    def cell(k: str, v: Any) -> str:
-        if not isinstance(v, int | float):
-            return "-"
-        return f"{v:.1e}" if k == "rel diff" else f"{v:.5f}" if "cosine" in k else f"{v:.3f}"
-
     head = "".join(f"<th>{escape(label)}</th>" for _, label in cols)
     body = "".join(f"<tr><td><code>{escape(str(r.get('option')))}</code></td>"
-                   + "".join(f"<td>{cell(k, r['metrics'].get(k))}</td>" for k, _ in cols) + "</tr>" for r in rows)
+                   + "".join(f"<td>{_metric(k, r['metrics'].get(k))}</td>" for k, _ in cols) + "</tr>" for r in rows)
     inputs = escape(str(rows[0].get("inputs", "")))
     return (f'<div class="bench-group"><h3>Accuracy of the fast paths against f32</h3>{_run_header(results)}'
             f"<p>The same checkpoint loaded with each option, on the same inputs ({inputs}); 1.0 is full agreement. "
