@@ -29,8 +29,8 @@ BENCH_EPILOG = """examples:
   kestrel bench DIR --dtype bf16 --accuracy   bf16 beside f32 (speed-up), then what bf16 costs in accuracy
   kestrel bench DIR --quantize int8 --accuracy --batch 1,8
 FLOPs are counted by torch's FlopCounterMode on one call (matmuls, convolutions, attention).
-With --dtype or --quantize the fast path is timed interleaved with f32 on the same inputs ("x f32" is its
-speed-up); --accuracy then compares it with f32 as the family's users see the output: feature cosine,
+With --dtype or --quantize the fast path is timed interleaved with f32 on the same inputs ("speed-up" is
+f32's median over its own); --accuracy then compares it with f32 as the family's users see the output: feature cosine,
 top-1/top-5 agreement (classifiers), zero-shot ranking agreement (image-text models), mask IoU after
 post-processing (segmenters). On a CPU without native bf16, bf16 is slower than f32 (a warning says so).
 """
@@ -242,8 +242,9 @@ class Variant:
 
     def inputs(self, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         """The seeded f32 inputs in this variant's float dtype (a bf16 model takes bf16 images)."""
-        dtype = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), torch.float32)
-        return tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)
+        from ..pipelines.accuracy import cast_inputs
+
+        return cast_inputs(inputs, self.model)
 
 
 def _bench_batch(args: argparse.Namespace, entry: str, variants: list[Variant], b: int, peak: float) -> None:

@@ -114,14 +114,14 @@ def _inputs(model: torch.nn.Module, entry: str, batch: int, seed: int) -> tuple[
     return example_inputs(model, entry, batch, seed)
 
 
-def _cast(inputs: tuple[torch.Tensor, ...], like: torch.nn.Module) -> tuple[torch.Tensor, ...]:
-    """Float inputs in the fast model's dtype (a bf16 model takes bf16 images)."""
+def cast_inputs(inputs: tuple[torch.Tensor, ...], like: torch.nn.Module) -> tuple[torch.Tensor, ...]:
+    """Float inputs in the model's own float dtype (a bf16 model takes bf16 images); others unchanged."""
     dtype = next((p.dtype for p in like.parameters() if p.is_floating_point()), torch.float32)
     return tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)
 
 
 def _run(model: torch.nn.Module, entry: str, inputs: tuple[torch.Tensor, ...]) -> Any:
-    return getattr(model, entry)(*_cast(inputs, model))
+    return getattr(model, entry)(*cast_inputs(inputs, model))
 
 
 def _first(out: Any) -> torch.Tensor:
