@@ -1,29 +1,11 @@
-"""Dimension algebra: canonical polynomials, facts, the prover, parsing and printing."""
+"""Dimension algebra: canonical polynomials, facts, the prover, parsing and printing.
 
-from .facts import Fact, Facts
-from .parse import DimParseError, parse_dim, parse_facts
-from .poly import (
-    ONE,
-    ZERO,
-    Atom,
-    AtomOrder,
-    FloorDiv,
-    Max,
-    Min,
-    Mod,
-    Poly,
-    Sym,
-    evaluate,
-    floordiv,
-    format_poly,
-    maximum,
-    minimum,
-    mod,
-    substitute,
-)
+Each module names its public API in ``__all__``; the package re-exports exactly those names.
+"""
 
-__all__ = [
-    "ONE", "ZERO", "Atom", "AtomOrder", "DimParseError", "Fact", "Facts", "FloorDiv", "Max", "Min",
-    "Mod", "Poly", "Sym", "evaluate", "floordiv", "format_poly", "maximum", "minimum", "mod",
-    "parse_dim", "parse_facts", "substitute",
-]
+from . import facts, parse, poly
+from .facts import *  # noqa: F403
+from .parse import *  # noqa: F403
+from .poly import *  # noqa: F403
+
+__all__ = [*poly.__all__, *facts.__all__, *parse.__all__]

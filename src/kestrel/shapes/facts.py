@@ -31,6 +31,8 @@ from .poly import (
     substitute,
 )
 
+__all__ = ["Fact", "Facts"]
+
 
 @dataclass(frozen=True)
 class Fact:

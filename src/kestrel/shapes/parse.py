@@ -14,6 +14,8 @@ from ..errors import KestrelError
 from .facts import Fact
 from .poly import AtomOrder, Poly, floordiv, maximum, minimum, mod
 
+__all__ = ["DimParseError", "parse_dim", "parse_facts"]
+
 
 class DimParseError(KestrelError, ValueError):
     """A notation error, with the text and the column it points at."""

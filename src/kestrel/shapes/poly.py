@@ -13,6 +13,11 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Union
 
+__all__ = [
+    "ONE", "ZERO", "Atom", "AtomOrder", "FloorDiv", "Max", "Min", "Mod", "Poly", "Sym", "evaluate", "floordiv",
+    "format_poly", "maximum", "minimum", "mod", "substitute",
+]
+
 # ----------------------------------------------------------------------------------------- atoms
 
 _next_id = itertools.count()

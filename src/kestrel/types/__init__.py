@@ -1,28 +1,10 @@
-"""Tensor types, dtypes and the type notation parser."""
+"""Tensor types, dtypes and the type notation parser.
 
-from .dtypes import (
-    DTYPES,
-    AnyDType,
-    Bool,
-    DType,
-    DTypeKind,
-    DTypeVar,
-    Float,
-    Int,
-    bf16,
-    bool_,
-    dtype_named,
-    f16,
-    f32,
-    f64,
-    from_torch,
-    i32,
-    i64,
-)
-from .tensor import Scope, TensorType, TupleType, Type, Variadic, parse_param, parse_type
+Each module names its public API in ``__all__``; the package re-exports exactly those names.
+"""
 
-__all__ = [
-    "DTYPES", "AnyDType", "Bool", "DType", "DTypeKind", "DTypeVar", "Float", "Int", "Scope", "TensorType",
-    "TupleType", "Type", "Variadic", "bf16", "bool_", "dtype_named", "f16", "f32", "f64", "from_torch",
-    "i32", "i64", "parse_param", "parse_type",
-]
+from . import dtypes, tensor
+from .dtypes import *  # noqa: F403
+from .tensor import *  # noqa: F403
+
+__all__ = [*dtypes.__all__, *tensor.__all__]

@@ -6,6 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
+__all__ = [
+    "DTYPES", "AnyDType", "Bool", "DType", "DTypeKind", "DTypeVar", "Float", "Int", "bf16", "bool_", "dtype_named",
+    "f16", "f32", "f64", "from_torch", "i32", "i64",
+]
+
 
 @dataclass(frozen=True)
 class DType:

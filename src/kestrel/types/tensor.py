@@ -9,6 +9,8 @@ from ..shapes.parse import Parser
 from ..shapes.poly import AtomOrder, Poly, format_poly, substitute
 from .dtypes import DTYPES, DType, DTypeVar
 
+__all__ = ["Scope", "TensorType", "TupleType", "Type", "Variadic", "parse_param", "parse_type"]
+
 
 @dataclass(frozen=True)
 class Variadic:

@@ -61,11 +61,18 @@ Transform = Callable[[torch.Tensor, Mapping[str, Any]], torch.Tensor]
 
 @dataclass(frozen=True)
 class Family:
+    """One architecture family: which root block a ``config.json`` needs and how it binds.
+
+    ``root`` and ``bindings`` are functions of the config; a family whose every config uses the same
+    root block or table may give the block or the table itself. ``model_types`` (the configs'
+    ``model_type`` values it reads) defaults to the family's name.
+    """
+
     name: str
-    model_types: tuple[str, ...]
     root: Callable[[dict], type[Block]]
     generics: Callable[[dict], dict[str, Any]]
     bindings: Callable[[dict], Bindings]
+    model_types: tuple[str, ...] = ()
     settings: Callable[[dict], dict[str, Any]] = lambda cfg: {}
     # param path -> (native shape from the config, transform to the bound shape)
     transforms: Callable[[dict, dict[str, Any]], dict[str, tuple[tuple[int, ...], Transform]]] = (
@@ -83,6 +90,18 @@ class Family:
     description: str = ""
     license: str = ""  # the upstream checkpoints' license (SPDX id)
     capabilities: Capabilities = NONE  # what the family serves: tasks, segmenter, export recipe, processor
+
+    def __post_init__(self) -> None:
+        if isinstance(self.root, type):
+            object.__setattr__(self, "root", _constant(self.root))
+        if isinstance(self.bindings, Bindings):
+            object.__setattr__(self, "bindings", _constant(self.bindings))
+        if not self.model_types:
+            object.__setattr__(self, "model_types", (self.name,))
+
+
+def _constant(value: Any) -> Callable[[dict], Any]:
+    return lambda cfg: value
 
 
 @dataclass(frozen=True, eq=False)

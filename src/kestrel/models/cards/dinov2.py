@@ -12,18 +12,14 @@ import torch.nn.functional as F
 from .. import dinov2
 from ..capabilities import Capabilities
 from .base import IMAGENET_MEAN, IMAGENET_STD, Bindings, Card, Family, Transform, pair
-from .vit import embedding_and_attention_rows
-
-_LAYER = r"(?:dinov2\.)?encoder\.layer\.(\d+)\."
+from .vit import embedding_and_attention_rows, layer_pattern, layer_rows
 
 BINDINGS = Bindings(
     rows=(
         *embedding_and_attention_rows("dinov2"),
-        (_LAYER + r"(norm1|norm2)\.(weight|bias)", r"layers.\1.\2.\3"),
-        (_LAYER + r"(layer_scale1|layer_scale2)\.lambda1", r"layers.\1.\2.lambda1"),
-        (_LAYER + r"mlp\.fc1\.(weight|bias)", r"layers.\1.up.\2"),
-        (_LAYER + r"mlp\.fc2\.(weight|bias)", r"layers.\1.down.\2"),
-        (_LAYER + r"mlp\.(weights_in|weights_out)\.(weight|bias)", r"layers.\1.mlp.\2.\3"),
+        *layer_rows("dinov2", {"norm1": "norm1", "norm2": "norm2", "mlp.fc1": "up", "mlp.fc2": "down",
+                               "mlp.weights_in": "mlp.weights_in", "mlp.weights_out": "mlp.weights_out"}),
+        (layer_pattern("dinov2") + r"(layer_scale1|layer_scale2)\.lambda1", r"layers.\1.\2.lambda1"),
         (r"(?:dinov2\.)?layernorm\.(weight|bias)", r"norm.\1"),
     ),
     # the mask token only serves masked-image pretraining
@@ -86,12 +82,8 @@ def transforms(cfg: dict, bound: dict[str, Any]) -> dict[str, tuple[tuple[int, .
 
 
 FAMILY = Family(
-    name="dinov2",
-    model_types=("dinov2",),
-    root=lambda cfg: dinov2.SwiGluModel if cfg.get("use_swiglu_ffn") else dinov2.Model,
-    generics=generics,
-    bindings=lambda cfg: BINDINGS,
-    settings=settings,
+    "dinov2", root=lambda cfg: dinov2.SwiGluModel if cfg.get("use_swiglu_ffn") else dinov2.Model,
+    generics=generics, bindings=BINDINGS, settings=settings,
     transforms=transforms,
     resizable=("Height", "Width"),
     preprocess={"image_processor_type": "BitImageProcessor", "do_resize": True, "size": {"shortest_edge": 256},

@@ -134,12 +134,7 @@ def settings(cfg: dict) -> dict[str, Any]:
 
 
 FAMILY = Family(
-    name="sam",
-    model_types=("sam",),
-    root=root,
-    generics=generics,
-    bindings=lambda cfg: BINDINGS,
-    settings=settings,
+    "sam", root=root, generics=generics, bindings=BINDINGS, settings=settings,
     preprocess={"image_processor_type": "SamImageProcessor", "do_resize": True, "size": {"longest_edge": 1024},
                 "resample": 2, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
                 "image_mean": list(IMAGENET_MEAN), "image_std": list(IMAGENET_STD), "do_pad": True,

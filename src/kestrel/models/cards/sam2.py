@@ -245,12 +245,9 @@ PREPROCESS = {
 }
 
 FAMILY = Family(
-    name="sam2",
+    "sam2", root=lambda cfg: (sam2_video.model_for if is_video(cfg) else sam2.model_for)(layout(cfg)),
+    generics=generics, bindings=bindings, settings=settings,
     model_types=("sam2", "sam2_video"),  # the hub checkpoints are the video model's; the image path is the same
-    root=lambda cfg: (sam2_video.model_for if is_video(cfg) else sam2.model_for)(layout(cfg)),
-    generics=generics,
-    bindings=bindings,
-    settings=settings,
     resizable=("E",),
     rebind=lambda cfg, given: generics(cfg, **given),
     preprocess=PREPROCESS,

@@ -121,12 +121,7 @@ def settings(cfg: dict) -> dict[str, Any]:
 
 
 FAMILY = Family(
-    name="siglip",
-    model_types=("siglip",),
-    root=lambda cfg: siglip.Model,
-    generics=generics,
-    bindings=lambda cfg: BINDINGS,
-    settings=settings,
+    "siglip", root=siglip.Model, generics=generics, bindings=BINDINGS, settings=settings,
     preprocess={"image_processor_type": "SiglipImageProcessor", "do_resize": True,
                 "size": {"height": 224, "width": 224}, "resample": 3, "do_rescale": True,
                 "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5],

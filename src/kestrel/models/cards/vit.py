@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from typing import Any
 
 from .. import vit
@@ -13,26 +15,34 @@ def embedding_and_attention_rows(prefix: str) -> tuple[tuple[str, str], ...]:
     """The rows ViT-layout checkpoints share (ViT, DINOv2): patch embedding, class token, positions,
     each layer's attention; ``prefix`` is the optional model prefix (``vit``, ``dinov2``)."""
     p = rf"(?:{prefix}\.)?"
-    layer = p + r"encoder\.layer\.(\d+)\."
     return (
         (p + r"embeddings\.patch_embeddings\.projection\.weight", "patch_weight"),
         (p + r"embeddings\.patch_embeddings\.projection\.bias", "patch_bias"),
         (p + r"embeddings\.cls_token", "class_token"),
         (p + r"embeddings\.position_embeddings", "positions"),
-        (layer + r"attention\.attention\.(query|key|value)\.(weight|bias)", r"layers.\1.attention.\2.\3"),
-        (layer + r"attention\.output\.dense\.(weight|bias)", r"layers.\1.attention.out.\2"),
+        (layer_pattern(prefix) + r"attention\.attention\.(query|key|value)\.(weight|bias)",
+         r"layers.\1.attention.\2.\3"),
+        *layer_rows(prefix, {"attention.output.dense": "attention.out"}),
     )
 
 
-_LAYER = r"(?:vit\.)?encoder\.layer\.(\d+)\."
+def layer_pattern(prefix: str) -> str:
+    """The checkpoint's ``[<prefix>.]encoder.layer.<N>.``, the layer number its first group."""
+    return rf"(?:{prefix}\.)?encoder\.layer\.(\d+)\."
+
+
+def layer_rows(prefix: str, renames: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """Rows that bind each layer's ``<theirs>.weight`` and ``.bias`` to ``layers.<N>.<ours>``."""
+    layer = layer_pattern(prefix)
+    return tuple((layer + re.escape(theirs) + r"\.(weight|bias)", rf"layers.\1.{ours}.\2")
+                 for theirs, ours in renames.items())
+
 
 BINDINGS = Bindings(
     rows=(
         *embedding_and_attention_rows("vit"),
-        (_LAYER + r"layernorm_before\.(weight|bias)", r"layers.\1.norm_before.\2"),
-        (_LAYER + r"layernorm_after\.(weight|bias)", r"layers.\1.norm_after.\2"),
-        (_LAYER + r"intermediate\.dense\.(weight|bias)", r"layers.\1.up.\2"),
-        (_LAYER + r"output\.dense\.(weight|bias)", r"layers.\1.down.\2"),
+        *layer_rows("vit", {"layernorm_before": "norm_before", "layernorm_after": "norm_after",
+                            "intermediate.dense": "up", "output.dense": "down"}),
         (r"(?:vit\.)?layernorm\.(weight|bias)", r"norm.\1"),
         (r"classifier\.(weight|bias)", r"head.\1"),
     ),
@@ -61,12 +71,7 @@ def settings(cfg: dict) -> dict[str, Any]:
 
 
 FAMILY = Family(
-    name="vit",
-    model_types=("vit",),
-    root=lambda cfg: vit.Model,
-    generics=generics,
-    bindings=lambda cfg: BINDINGS,
-    settings=settings,
+    "vit", root=vit.Model, generics=generics, bindings=BINDINGS, settings=settings,
     preprocess={"image_processor_type": "ViTImageProcessor", "do_resize": True, "size": {"height": 224, "width": 224},
                 "resample": 2, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
                 "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
