@@ -46,7 +46,7 @@ from ..blocks import Block
 from ..blocks.decl import FnDecl
 from ..errors import KestrelError
 from ..runtime.output import prepare_output, prepare_output_dir, write_bytes
-from ..runtime.signature import Signature, SignatureError, entry_signature, named_entries
+from ..runtime.signature import Signature, SignatureError, check_dynamic, entry_signature, named_entries
 from ..shapes.poly import Poly, format_poly, substitute
 from ..types.dtypes import DType, DTypeVar
 from ..types.tensor import TensorType, TupleType, Variadic
@@ -106,15 +106,10 @@ def export_onnx(model: Block, out_dir: str | os.PathLike[str], *, batch: int | N
     if not names:
         raise ExportError(f"{decl.qualname}: no entries to export")
     fixed_given = {**dict(dims or {}), **({"B": batch} if batch is not None else {})}
-    own = {n for fn in chosen.values() for n in fn.free_dims}
     if dynamic is not None:
-        stray = [g for g in dynamic if g not in own]
-        if stray:
-            raise ExportError(f"--dynamic {', '.join(stray)}: no exported entry of {decl.qualname} has that generic; "
-                              f"theirs are {', '.join(sorted(own)) or 'none'}")
-        both = [g for g in dynamic if g in fixed_given]
-        if both:
-            raise ExportError(f"{', '.join(both)} is both dynamic and given a fixed value")
+        own = sorted({n for fn in chosen.values() for n in fn.free_dims})
+        check_dynamic(f"--dynamic, the exported entries of {decl.qualname}", own, dynamic, dynamic, fixed_given,
+                      ExportError)
     plans = [plan_entry(model, fn, dynamic, fixed_given) for fn in chosen.values()]
 
     out = prepare_output_dir(out_dir)

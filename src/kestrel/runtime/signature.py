@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -251,6 +251,17 @@ def named_entries(decl: BlockDecl, entries: Sequence[str] | None, error: type[Ex
     return {n: available[n] for n in names}
 
 
+def check_dynamic(what: str, own: Sequence[str], named: Sequence[str], dynamic: Sequence[str],
+                  fixed: Collection[str], error: type[Exception]) -> None:
+    """Refuse a ``named`` generic that ``what`` does not have, and one both ``dynamic`` and ``fixed``."""
+    unknown = [n for n in named if n not in own]
+    if unknown:
+        raise error(f"{what}: no generic {', '.join(unknown)}; the generics are {', '.join(own) or 'none'}")
+    both = [n for n in dynamic if n in fixed]
+    if both:
+        raise error(f"{what}: {', '.join(both)} is both dynamic and given a fixed value")
+
+
 def entry_signature(model: Any, fn: FnDecl, dynamic: Sequence[str] = (), fixed: Mapping[str, int] | None = None, *,
                     name: str | None = None, input_names: Sequence[str] | None = None,
                     output_names: Sequence[str] | None = None,
@@ -267,13 +278,7 @@ def entry_signature(model: Any, fn: FnDecl, dynamic: Sequence[str] = (), fixed: 
     own = [n for n, k in fn.generics if k == "Dim"]
     if any(k == "Shape" for _, k in fn.generics):
         raise SignatureError(f"{decl.qualname}.{fn.name}: a variadic shape cannot be exported")
-    unknown = [n for n in [*dynamic, *fixed] if n not in own]
-    if unknown:
-        raise SignatureError(f"{decl.qualname}.{fn.name} has no generic {', '.join(unknown)}; its generics are "
-                             f"{', '.join(own) or 'none'}")
-    both = [n for n in dynamic if n in fixed]
-    if both:
-        raise SignatureError(f"{decl.qualname}.{fn.name}: {', '.join(both)} is both dynamic and fixed")
+    check_dynamic(f"{decl.qualname}.{fn.name}", own, [*dynamic, *fixed], dynamic, fixed, SignatureError)
     missing = [n for n in own if n not in dynamic and n not in fixed]
     if missing:
         raise SignatureError(f"{decl.qualname}.{fn.name}: give {', '.join(missing)} a value or make it dynamic")
