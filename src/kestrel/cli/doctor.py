@@ -80,6 +80,12 @@ def reduced_precision_rates(n: int = 1024, rounds: int = 4) -> dict[str, float]:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    """this machine: GEMM rates, the kernel chosen per shape, and why
+
+    Measure this machine's f32 GEMM rate with every installed kernel at 1 and all cores' threads, and
+    print the cached per-shape kernel choices (measured at a shape's first use, cached per CPU model,
+    threads and library versions).
+    """
     from ..kernels import calibration as calibrate
     from ..kernels import gemm as kernels
     from ..kernels import library, settings
@@ -203,6 +209,12 @@ def _flops(call: Any) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    """time a model's entry on this machine (eager, optionally compiled)
+
+    Time one entry of a model on seeded example inputs at each batch, after calibrating its GEMM shapes;
+    prints median and min seconds, GFLOP/s (FLOPs counted by torch) and the share of the best GEMM rate
+    measured in the same run.
+    """
     from ..kernels import calibration as calibrate
 
     if args.threads:
@@ -297,11 +309,7 @@ def _print_accuracy(model: Any, fast: Variant, batch: int) -> None:
 
 
 register(Command(
-    "doctor", run=cmd_doctor, help="this machine: GEMM rates, the kernel chosen per shape, and why", raw=True,
-    description="Measure this machine's f32 GEMM rate with every installed kernel at 1 and all "
-                "cores' threads, and print the cached per-shape kernel choices (measured at a "
-                "shape's first use, cached per CPU model, threads and library versions).",
-    epilog=DOCTOR_EPILOG,
+    "doctor", run=cmd_doctor, raw=True, epilog=DOCTOR_EPILOG,
     options=[
         Option("--model", ModelRef(), help="a card name or save_pretrained directory: calibrate every shape it uses"),
         weights_option(help="local directory of the card's files"),
@@ -315,11 +323,7 @@ register(Command(
     ]))
 
 register(Command(
-    "bench", run=cmd_bench, help="time a model's entry on this machine (eager, optionally compiled)", raw=True,
-    description="Time one entry of a model on seeded example inputs at each batch, after "
-                "calibrating its GEMM shapes; prints median and min seconds, GFLOP/s (FLOPs "
-                "counted by torch) and the share of the best GEMM rate measured in the same run.",
-    epilog=BENCH_EPILOG,
+    "bench", run=cmd_bench, raw=True, epilog=BENCH_EPILOG,
     options=[
         Option("model", ModelRef(metavar="MODEL"), help="a card name or a save_pretrained directory"),
         weights_option(help="local directory of the card's files"),

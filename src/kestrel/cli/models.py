@@ -107,6 +107,11 @@ def _count(n: int, noun: str) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    """type-check models without any weights
+
+    Run every function of each model symbolically and prove its declared types. Exits 1 with diagnostics
+    (file:line, both shapes, the missing where fact).
+    """
     failed = 0
     for label, root in _targets(args.models):
         report: Report = check_program(root)
@@ -166,6 +171,11 @@ def cmd_summary() -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    """print a model's architecture as blocks
+
+    Print the entries, the generics as the checkpoint binds them, and every block of the program,
+    derived from the declarations. Without a model: one line per model (checked, parameters, entries).
+    """
     from ..inspect.exported import inspect_exported, is_export_file
 
     if args.model and is_export_file(args.model):  # an exported .onnx/.pte or an export's manifest.json
@@ -198,6 +208,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_diagram(args: argparse.Namespace) -> int:
+    """draw an entry's graph with every edge's inferred type
+
+    Draw the entry's typed graph, laid out by Graphviz: sub-block calls expanded as labelled groups
+    (--expand levels), untyped helpers grouped under their name, loops over layers drawn once; every
+    edge is labelled with the type the checker inferred, in the model's own generics.
+    """
     from ..inspect.diagram import entry_diagram, write_diagram
     from ..runtime.output import prepare_output
 
@@ -211,6 +227,13 @@ def cmd_diagram(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    """export deployable programs (ExecuTorch, ONNX)
+
+    Write one program per entry (SAM 2.1: the encoder/decoder split of seed 002), the prompt tables,
+    manifest.json (shapes, sha256, op counts read back from the programs) and validation.json (the
+    programs run on this CPU against Kestrel eager and, for SAM 2.1, transformers). A failed export
+    leaves no new --out folder.
+    """
     from ..runtime.load import check_model_name
     from ..runtime.output import prepare_output_dir
     from .tasks import check_size
@@ -281,17 +304,12 @@ def _size_generics(args: argparse.Namespace) -> dict[str, int]:
 
 
 register(Command(
-    "check", run=cmd_check, help="type-check models without any weights",
-    description="Run every function of each model symbolically and prove its declared types. "
-                "Exits 1 with diagnostics (file:line, both shapes, the missing where fact).",
+    "check", run=cmd_check,
     options=[Option("models", Text(what="model name or path", metavar="MODEL"), nargs="*",
                     help="card names (default: every model), or Python files/directories of your own blocks")]))
 
 register(Command(
-    "inspect", run=cmd_inspect, help="print a model's architecture as blocks", raw=True,
-    description="Print the entries, the generics as the checkpoint binds them, and every block "
-                "of the program, derived from the declarations. Without a model: one line per "
-                "model (checked, parameters, entries).",
+    "inspect", run=cmd_inspect, raw=True,
     epilog="examples:\n  kestrel inspect\n  kestrel inspect sam-vit-base --parameters\n"
            "  kestrel inspect ./my-dinov2-checkpoint\n  kestrel inspect --all\n"
            "  kestrel inspect out/decode_points.onnx   the signature an export carries",
@@ -304,12 +322,7 @@ register(Command(
              Option("--json", help="blocks, generics and parameters as JSON")]))
 
 register(Command(
-    "diagram", run=cmd_diagram, help="draw an entry's graph with every edge's inferred type",
-    description="Draw the entry's typed graph, laid out by Graphviz: sub-block calls expanded "
-                "as labelled groups (--expand levels), untyped helpers grouped under their name, "
-                "loops over layers drawn once; every edge is labelled with the type the checker "
-                "inferred, in the model's own generics.",
-    epilog="example: kestrel diagram sam-vit-base --entry encode_image -o preview.svg",
+    "diagram", run=cmd_diagram, epilog="example: kestrel diagram sam-vit-base --entry encode_image -o preview.svg",
     options=[Option("model", Text(what="card name", metavar="MODEL"), help="a card name"),
              Option("--entry", Text(what="entry name", metavar="ENTRY"),
                     help="entry or function to draw (default: the first entry)"),
@@ -320,11 +333,7 @@ register(Command(
                     help="FILE.svg (default MODEL.ENTRY.svg), FILE.png, or FILE.dot (Graphviz source)")]))
 
 register(Command(
-    "export", run=cmd_export, help="export deployable programs (ExecuTorch, ONNX)", raw=True,
-    description="Write one program per entry (SAM 2.1: the encoder/decoder split of seed 002), "
-                "the prompt tables, manifest.json (shapes, sha256, op counts read back from the "
-                "programs) and validation.json (the programs run on this CPU against Kestrel "
-                "eager and, for SAM 2.1, transformers). A failed export leaves no new --out folder.",
+    "export", run=cmd_export, raw=True,
     epilog="targets:\n"
            "  executorch-webgpu    WebGPUPartitioner programs + portable twins that validate here\n"
            "  executorch-portable  ExecuTorch portable kernels (no delegate)\n"

@@ -1,8 +1,8 @@
 """The declarative option layer of the ``kestrel`` command: every option of every command, declared once.
 
-A command is a :class:`Command`: its name, help texts, the function that runs it and a list of
-:class:`Option`. An option names its flags (or its positional name) and its :class:`Kind`: a typed,
-range-checked parser with one error style. ``argparse`` is built from these declarations
+A command is a :class:`Command`: its name, the function that runs it (whose docstring is the
+command's help) and a list of :class:`Option`. An option names its flags (or its positional name) and
+its :class:`Kind`: a typed, range-checked parser with one error style. ``argparse`` is built from these declarations
 (:func:`add_command`), ``--help`` prints them, :func:`kestrel.cli.commands.describe` gives them as data,
 and the CLI fuzzer (``tests/test_cli_fuzz.py``) generates bad values for every option from each kind's
 :attr:`Kind.bad` classes. No command re-parses a value by hand.
@@ -17,10 +17,14 @@ Adopting the layer in a new command (e.g. ``cli/track.py``)::
 
     from .options import Command, Option, PositiveInt, ImageFile, OutDir, register
 
-    def cmd_track(args): ...
+    def cmd_track(args):
+        '''one line for `kestrel --help`
+
+        The paragraphs `kestrel track --help` prints before the options.
+        '''
 
     COMMAND = register(Command(
-        "track", run=cmd_track, help="one line for `kestrel --help`", description="...", epilog="...",
+        "track", run=cmd_track, epilog="...",
         options=[
             Option("video", ImageFile(), help="the video"),           # a positional: no leading '-'
             Option("--every", PositiveInt(), default=1, help="..."),
@@ -36,6 +40,7 @@ what they mean to argparse.
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 import os
 import re
@@ -815,15 +820,30 @@ def weights_option(help: str = "read the card's files from DIR instead of the hu
 
 @dataclass(frozen=True)
 class Command:
-    """A ``kestrel`` command: its name, help, the function that runs it, and every option it takes."""
+    """A ``kestrel`` command: its name, the function that runs it, and every option it takes.
+
+    What ``--help`` says comes from ``run``'s docstring: its first line is the one-line help that
+    ``kestrel --help`` lists, the paragraphs after it the description (``help`` and ``description``
+    override them).
+    """
 
     name: str
     run: Callable[[argparse.Namespace], int]
-    help: str
     options: Sequence[Option] = field(default_factory=tuple)
+    help: str = ""
     description: str | None = None
     epilog: str | None = None
     raw: bool = False  # keep the description's and epilog's line breaks
+
+    def __post_init__(self) -> None:
+        doc = inspect.getdoc(self.run) or ""
+        first, _, rest = doc.partition("\n\n")
+        if not self.help:
+            if not first:
+                raise ValueError(f"{self.name}: give help= or a docstring to {self.run.__name__}")
+            object.__setattr__(self, "help", " ".join(first.split()))
+        if self.description is None and rest.strip():
+            object.__setattr__(self, "description", rest.strip())
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "help": self.help, "options": [o.describe() for o in self.options]}

@@ -84,6 +84,12 @@ def _save_png(image: Any, path: Path) -> None:
 
 
 def cmd_segment(args: argparse.Namespace) -> int:
+    """masks from points and boxes, or every object (SAM)
+
+    Segment the object at a click or in a box, or every object in the image. Writes one PNG per mask, an
+    overlay and a JSON summary; prints the predicted IoU. Points and boxes must lie inside the photo
+    (refused, not clipped).
+    """
     import numpy as np
     import torch
     from PIL import Image
@@ -220,11 +226,7 @@ def _everything_dataset(args: argparse.Namespace) -> int:
 EVERYTHING = "--everything (every object)"
 
 register(Command(
-    "segment", run=cmd_segment, help="masks from points and boxes, or every object (SAM)", raw=True,
-    description="Segment the object at a click or in a box, or every object in the image. "
-                "Writes one PNG per mask, an overlay and a JSON summary; prints the predicted IoU. "
-                "Points and boxes must lie inside the photo (refused, not clipped).",
-    epilog=EPILOG,
+    "segment", run=cmd_segment, raw=True, epilog=EPILOG,
     options=[
         Option("image", ExistingPath("an image, or with --everything a dataset SOURCE", "IMAGE"),
                help="the photo; with --everything also a dataset SOURCE (a folder, list file or .parquet/.csv "

@@ -20,16 +20,6 @@ from .options import (
     weights_option,
 )
 
-DESCRIPTION = """\
-A local web page that segments with SAM 2.1 in the browser. Open or drop an image: the encoder runs
-once (in the page with onnxruntime-web, on WebGPU when the browser has it and on WASM otherwise, or
-here with --encode server); then every click (foreground), shift-click (background) and dragged box
-decodes in the page from the export's prompt tables and decoder, without a round trip. Undo, clear,
-and download the mask as PNG. The page checks every file against the export manifest's sha256.
-
-The server binds loopback only and serves nothing but the page, onnxruntime-web and the files the
-export's manifest lists; uploads (with --encode server) are bounded in bytes and pixels."""
-
 EPILOG = """\
 examples:
   kestrel export sam2.1-hiera-tiny --weights DIR --target onnx --size 512 --out edge/
@@ -48,6 +38,17 @@ def vendor_dir() -> Path:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    """segment in the browser (SAM 2.1 edge split, local web page)
+
+    A local web page that segments with SAM 2.1 in the browser. Open or drop an image: the encoder runs
+    once (in the page with onnxruntime-web, on WebGPU when the browser has it and on WASM otherwise, or
+    here with --encode server); then every click (foreground), shift-click (background) and dragged box
+    decodes in the page from the export's prompt tables and decoder, without a round trip. Undo, clear,
+    and download the mask as PNG. The page checks every file against the export manifest's sha256.
+
+    The server binds loopback only and serves nothing but the page, onnxruntime-web and the files the
+    export's manifest lists; uploads (with --encode server) are bounded in bytes and pixels.
+    """
     from ..pipelines.input_rules import check_export_size
     from ..pipelines.readers import read_edge_manifest
     from ..site.serve import serve_until_interrupted
@@ -127,8 +128,7 @@ def server_encoder(model):
 DEFAULT_SIZE = 512
 
 register(Command(
-    "serve", run=cmd_serve, help="segment in the browser (SAM 2.1 edge split, local web page)", raw=True,
-    description=DESCRIPTION, epilog=EPILOG,
+    "serve", run=cmd_serve, raw=True, epilog=EPILOG,
     options=[
         Option("--export", ExistingDir(hint="give a `kestrel export sam2.1-... --target onnx` folder"),
                help="a `kestrel export --target onnx` folder of SAM 2.1"),

@@ -9,6 +9,14 @@ from .options import Command, ExistingDir, ExistingFile, Option, OutDir, Port, T
 
 
 def cmd_site(args: argparse.Namespace) -> int:
+    """build the model registry site (and serve it on loopback)
+
+    Build a static site: an index with search, and a page per model with its entry graph,
+    entries, generics and every block as `inspect` prints them, the card, the parameter
+    manifest, a graph per entry and, with --bench, benchmark charts; with --edge, SAM 2.1's
+    exported 512 split is copied in and linked from its page. Light and dark themes.
+    --serve binds 127.0.0.1 only.
+    """
     from ..site.build import build_site
     from ..site.serve import serve
 
@@ -22,12 +30,7 @@ def cmd_site(args: argparse.Namespace) -> int:
 
 
 register(Command(
-    "site", run=cmd_site, help="build the model registry site (and serve it on loopback)", raw=True,
-    description="Build a static site: an index with search, and a page per model with its entry graph,\n"
-                "entries, generics and every block as `inspect` prints them, the card, the parameter\n"
-                "manifest, a graph per entry and, with --bench, benchmark charts; with --edge, SAM 2.1's\n"
-                "exported 512 split is copied in and linked from its page. Light and dark themes.\n"
-                "--serve binds 127.0.0.1 only.",
+    "site", run=cmd_site, raw=True,
     epilog="examples:\n  kestrel site --out site/\n  kestrel site --serve --port 8000\n"
            "  kestrel site --bench results.json   (from bench/run.py --out results.json)\n"
            "  kestrel site --edge edge/           (from kestrel export sam2.1-hiera-tiny --target onnx --size 512 "

@@ -150,6 +150,11 @@ NOT_IMAGE_TEXT = ("{command} needs an image-text model such as siglip-base-patch
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
+    """label images with an image classifier
+
+    Print the top labels (the checkpoint's id2label) with probabilities. Unreadable images are skipped
+    and listed on stderr (see --strict).
+    """
     from ..pipelines.tasks import classify
 
     paths = _images(args.images, strict=args.strict)
@@ -182,6 +187,13 @@ def _needs_text_model(model, command: str) -> None:
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
+    """image features to a safetensors file, or a dataset to Parquet shards
+
+    Features of every image (class token, mean of patch tokens, or all patch tokens). With --out
+    FILE.safetensors: one tensor, saved with the image paths in the file's metadata; unreadable images
+    are skipped, listed on stderr and in the metadata ('skipped'); see --strict; the output is checked
+    before any work and replaced atomically. With --out DIR: dataset mode (below).
+    """
     import torch
 
     from ..pipelines.tasks import embed_images
@@ -240,6 +252,12 @@ OLD_ZERO_SHOT = ('the labels now follow --labels: kestrel zero-shot IMAGE... --l
 
 
 def cmd_zero_shot(args: argparse.Namespace) -> int:
+    """score free-text labels against images (SigLIP)
+
+    Sigmoid probability that each label describes each image. SigLIP scores pairs independently, so an
+    image's probabilities need not sum to one. With --out DIR: dataset mode (below), a scores column in
+    label order and the best label.
+    """
     from ..pipelines.tasks import preprocess_for
     from ..pipelines.zero_shot import zero_shot
 
@@ -267,6 +285,10 @@ def cmd_zero_shot(args: argparse.Namespace) -> int:
 
 
 def cmd_similarity(args: argparse.Namespace) -> int:
+    """a table of image x text scores (SigLIP)
+
+    Logits (scaled cosine similarity plus bias) of every image against every text.
+    """
     from ..pipelines.tasks import preprocess_for
     from ..pipelines.zero_shot import similarity_table, zero_shot
 
@@ -322,21 +344,13 @@ IMAGES = Option("images", ImagePath(), nargs="+",
                 help="image files or folders")
 
 register(Command(
-    "classify", run=cmd_classify, help="label images with an image classifier",
-    description="Print the top labels (the checkpoint's id2label) with probabilities. "
-                "Unreadable images are skipped and listed on stderr (see --strict).",
-    epilog="example: kestrel classify cat.jpg --top 3 --weights ./vit-base-patch16-224",
+    "classify", run=cmd_classify, epilog="example: kestrel classify cat.jpg --top 3 --weights ./vit-base-patch16-224",
     options=[IMAGES,
              Option("--top", PositiveInt(metavar="K"), default=5, help="how many labels per image, >= 1 (default 5)"),
              STRICT, *model_options("vit-base-patch16-224")]))
 
 register(Command(
-    "embed", run=cmd_embed, help="image features to a safetensors file, or a dataset to Parquet shards", raw=True,
-    description="Features of every image (class token, mean of patch tokens, or all patch "
-                "tokens). With --out FILE.safetensors: one tensor, saved with the image paths in "
-                "the file's metadata; unreadable images are skipped, listed on stderr and in the "
-                "metadata ('skipped'); see --strict; the output is checked before any work and "
-                "replaced atomically. With --out DIR: dataset mode (below).",
+    "embed", run=cmd_embed, raw=True,
     epilog=DATASET_HELP + "\nexamples:\n"
            "  kestrel embed photos/ --model dinov2-base --out feats.safetensors\n"
            "  kestrel embed photos/ --model dinov2-base --out feats/ --engine ray --workers 2\n"
@@ -355,10 +369,7 @@ register(Command(
         QUIET, STRICT, *model_options(None), *dataset_options()]))
 
 register(Command(
-    "zero-shot", run=cmd_zero_shot, help="score free-text labels against images (SigLIP)", raw=True,
-    description="Sigmoid probability that each label describes each image. SigLIP scores pairs "
-                "independently, so an image's probabilities need not sum to one. With --out DIR: "
-                "dataset mode (below), a scores column in label order and the best label.",
+    "zero-shot", run=cmd_zero_shot, raw=True,
     epilog=DATASET_HELP + '\nexamples:\n'
            '  kestrel zero-shot cat.jpg dog.png --labels "a cat" "a dog" --template "a photo of {}."\n'
            '  kestrel zero-shot photos/ --labels cat dog --out scores/ --engine ray',
@@ -372,9 +383,7 @@ register(Command(
         *model_options("siglip-base-patch16-224", batch=False), *dataset_options(batch=True)]))
 
 register(Command(
-    "similarity", run=cmd_similarity, help="a table of image x text scores (SigLIP)",
-    description="Logits (scaled cosine similarity plus bias) of every image against every text.",
-    epilog='example: kestrel similarity --images a.jpg b.jpg --texts "a cat" "a dog"',
+    "similarity", run=cmd_similarity, epilog='example: kestrel similarity --images a.jpg b.jpg --texts "a cat" "a dog"',
     options=[
         Option("--images", ImagePath(), nargs="+", required=True,
                help="image files or folders"),

@@ -182,6 +182,11 @@ class Staging:
 
 
 def cmd_track(args: argparse.Namespace) -> int:
+    """follow objects through a video from clicks and boxes (SAM 2.1)
+
+    Track objects through a video: prompt them with clicks or boxes on any frame, get their masks on
+    every frame (DAVIS PNGs, COCO RLE, an overlay video).
+    """
     import numpy as np
     from tqdm import tqdm
 
@@ -254,10 +259,7 @@ def cmd_track(args: argparse.Namespace) -> int:
 
 
 register(Command(
-    "track", run=cmd_track, help="follow objects through a video from clicks and boxes (SAM 2.1)", raw=True,
-    description="Track objects through a video: prompt them with clicks or boxes on any frame, "
-                "get their masks on every frame (DAVIS PNGs, COCO RLE, an overlay video).",
-    epilog=EPILOG,
+    "track", run=cmd_track, raw=True, epilog=EPILOG,
     options=[
         Option("video", ExistingPath(expect="an existing video file or folder of frames", metavar="VIDEO"),
                help="an .mp4 (or any format PyAV decodes), or a folder of JPEG/PNG frames sorted by name"),

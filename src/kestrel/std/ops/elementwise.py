@@ -21,7 +21,10 @@ from ...checker.symbolic import ShapeError, SymDim, SymTensor, op
 from ...types.dtypes import DType, DTypeVar, bool_
 
 
-def _binary(name: str, torch_fn: Any) -> Any:
+def _binary(name: str, torch_fn: Any, dtype_rule: Any = numeric_dtype) -> Any:
+    """An arithmetic op of two tensors, or of a tensor and a scalar, broadcasting; ``dtype_rule``
+    says which operand dtypes it takes."""
+
     @op(name, layout="preserve")
     def kernel(x: Any, y: Any) -> Any:
         return torch_fn(x, y)
@@ -30,14 +33,14 @@ def _binary(name: str, torch_fn: Any) -> Any:
     def _(x: Any, y: Any) -> SymTensor:
         if isinstance(x, SymTensor) and isinstance(y, SymTensor):
             same_dtype(x, y, name)
-            (float_dtype if name == "div" else numeric_dtype)(x, name)
+            dtype_rule(x, name)
             dims = broadcast_dims(x.dims, y.dims, name, x.show(), y.show())
             return like(x, dims)
         t = x if isinstance(x, SymTensor) else y
         other = y if t is x else x
         if isinstance(other, SymDim):
             raise ShapeError(f"{name} of a tensor and the dimension {other}: convert it with a std op")
-        (float_dtype if name == "div" else numeric_dtype)(t, name)  # int / int is a float in torch
+        dtype_rule(t, name)
         scalar_fits(t, other, name)
         return like(t, t.dims)
 
@@ -47,7 +50,7 @@ def _binary(name: str, torch_fn: Any) -> Any:
 add = _binary("add", torch.add)
 sub = _binary("sub", torch.sub)
 mul = _binary("mul", torch.mul)
-div = _binary("div", torch.div)
+div = _binary("div", torch.div, float_dtype)  # int / int is a float in torch: refused, not guessed
 
 
 def _unary(name: str, torch_fn: Any, needs_float: bool = True) -> Any:
