@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Mapping
-from typing import Union
+from typing import Any, Union
 
 __all__ = [
     "ONE", "ZERO", "Atom", "AtomOrder", "FloorDiv", "Max", "Min", "Mod", "Poly", "Sym", "evaluate", "floordiv",
@@ -77,7 +77,11 @@ class _Binary(Atom):
     """An atom over two canonical polynomials."""
 
     __slots__ = ()
-    tag = ""
+    tag = ""  # the atom's kind in its key, given in the class header: ``class Mod(_Binary, tag="mod")``
+
+    def __init_subclass__(cls, tag: str = "", **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.tag = tag
 
     def __new__(cls, a: Poly, b: Poly) -> _Binary:  # type: ignore[misc]
         return super().__new__(cls, (cls.tag, a, b))  # type: ignore[return-value]
@@ -100,24 +104,20 @@ class _Binary(Atom):
         return format_poly(Poly.atom(self))
 
 
-class FloorDiv(_Binary):
+class FloorDiv(_Binary, tag="div"):
     __slots__ = ()
-    tag = "div"
 
 
-class Mod(_Binary):
+class Mod(_Binary, tag="mod"):
     __slots__ = ()
-    tag = "mod"
 
 
-class Min(_Binary):
+class Min(_Binary, tag="min"):
     __slots__ = ()
-    tag = "min"
 
 
-class Max(_Binary):
+class Max(_Binary, tag="max"):
     __slots__ = ()
-    tag = "max"
 
 
 # ------------------------------------------------------------------------------------ polynomials
