@@ -148,7 +148,7 @@ def test_a_packed_weight_keeps_one_layout(tmp_path, monkeypatch):
         for rows in (8, 32, 8):
             x = torch.randn(rows, 128)
             assert rel_diff(ops.linear(x, w), F.linear(x, w)) < 1e-6
-            assert WEIGHTS.get("packed", (w,))[0] == rows
+            assert WEIGHTS.get("packed", (w,))[0] == ("mkl-packed", rows)
 
 
 @needs_packed
@@ -497,3 +497,63 @@ def test_int8_runs_only_where_it_measured_faster_than_the_shapes_f32_kernel(monk
         y = ops.linear(x, w, b)
     assert 1e-5 < rel_diff(y, exact) < 0.1  # int8 won: quantised, and close
     assert calibrate.table().shapes[key]["kernel"] == "int8"
+
+
+needs_onednn_packed = pytest.mark.skipif("onednn-packed" not in kernels.KERNELS, reason="no oneDNN weight reorder")
+
+
+@needs_onednn_packed
+def test_a_onednn_packed_weight_serves_every_row_count(tmp_path, monkeypatch):
+    _calibrated(monkeypatch, "onednn-packed")
+    (w,) = _file_weights(tmp_path, (256, 128))
+    with torch.no_grad():
+        for rows in (8, 32, 8):
+            x = torch.randn(rows, 128)
+            assert rel_diff(ops.linear(x, w), F.linear(x, w)) < 1e-6
+            assert WEIGHTS.get("packed", (w,))[0] == ("onednn-packed", 8)  # packed once, at the first rows
+
+
+def test_bf16_linears_are_calibrated_among_the_bf16_kernels_under_their_own_keys(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernels, "MIN_CALIBRATED_FLOPS", 0)
+    seen = []
+    real = kernels.measure
+    monkeypatch.setattr(kernels, "measure",
+                        lambda x, w, b, *a, **k: seen.append(x.dtype) or real(x, w, b, budget_s=0.01))
+    w = torch.nn.Parameter(torch.randn(96, 64).bfloat16(), requires_grad=False)
+    b = torch.randn(96).bfloat16()
+    x = torch.randn(40, 64).bfloat16()
+    with torch.no_grad():
+        got = ops.linear(x, w, b)
+    want = F.linear(x.float(), w.float(), b.float())
+    assert got.dtype == torch.bfloat16 and rel_diff(got.float(), want) < 1e-2
+    assert seen == [torch.bfloat16]
+    entry = calibrate.table().entry(40, 96, 64, True, torch.bfloat16)
+    assert entry is not None and calibrate.table().entry(40, 96, 64, True) is None  # not an f32 choice
+    assert set(entry["gflops"]) | set(entry["rejected"]) == set(kernels.kernels_for(torch.bfloat16))
+    assert "mkl-packed" not in kernels.kernels_for(torch.bfloat16)
+    assert kernels.packs_in_place(w)  # a converted half-precision weight may be packed (README: bf16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_plain_attention_is_a_measured_choice_and_both_paths_agree(dtype):
+    from kestrel.kernels import attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 256, 32, generator=g).to(dtype) for _ in range(3))  # enough scores to time
+    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    tol = 1e-6 if dtype == torch.float32 else 2e-2
+    key = attention.sdpa_key(q, k, v)
+    assert key.startswith("sdpa f32 " if dtype == torch.float32 else "sdpa bf16 ")
+    with torch.no_grad():
+        got = ops.attention(q, k, v)  # first call of the shape: both paths timed, the faster kept
+        entry = calibrate.table().shapes[key]
+        assert entry["kernel"] in ("fused", "gemm") and set(entry["seconds"]) == {"fused", "gemm"}
+        assert rel_diff(got.float(), want) < tol
+        for path in ("fused", "gemm"):  # whichever a machine picks keeps the numbers
+            calibrate.DECIDED[key] = path
+            assert rel_diff(ops.attention(q, k, v).float(), want) < tol
+    with torch.enable_grad():  # autograd takes torch's kernel, never the measured path
+        qg = q.float().requires_grad_()
+        calibrate.DECIDED[attention.sdpa_key(qg, k.float(), v.float())] = "gemm"
+        ops.attention(qg, k.float(), v.float()).sum().backward()
+        assert qg.grad is not None

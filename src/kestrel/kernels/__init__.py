@@ -1,9 +1,10 @@
 """Machine-facing speed, at the bottom of Kestrel: it imports torch and :mod:`kestrel.errors` only.
 
     settings     every environment variable Kestrel reads
-    library      the GEMM paths installed here (torch, oneDNN, MKL packed) and weight packing
+    library      the GEMM paths installed here (torch, oneDNN, oneDNN and MKL packed) and weight packing
     gemm         the per-shape GEMM choice, fused projections, the 2 x 2 transposed convolution, int8
-    attention    attention with decomposed relative positions in calibrated slices
+    attention    plain attention by measured choice (fused or two GEMMs); decomposed relative positions in
+                 calibrated slices
     activations  the tanh GELU in place
     calibration  the per-machine tables of measured choices, and the recorder that observes them
     weights      the one cache of what kernels derive from weights, with one invalidation rule
@@ -16,7 +17,8 @@
 from __future__ import annotations
 
 from .activations import gelu_tanh_
+from .attention import sdpa
 from .gemm import conv_transpose2x2, fused_linear, linear
 from .library import eager_ok, plain_inference
 
-__all__ = ["conv_transpose2x2", "eager_ok", "fused_linear", "gelu_tanh_", "linear", "plain_inference"]
+__all__ = ["conv_transpose2x2", "eager_ok", "fused_linear", "gelu_tanh_", "linear", "plain_inference", "sdpa"]

@@ -30,9 +30,10 @@ import torch
 from . import library, settings
 from .weights import WEIGHTS
 
-VERSION = 4  # of the file format and of the measuring procedure (2: streamed, cold weights; 3: packed always
+VERSION = 5  # of the file format and of the measuring procedure (2: streamed, cold weights; 3: packed always
 # measured, with the in-place fallback; 4: the machine's load recorded, a disturbed choice not reused: tables
-# of 3 held choices measured while other processes took the cores, 5-10x below the machine's rates)
+# of 3 held choices measured while other processes took the cores, 5-10x below the machine's rates; 5: bf16
+# shapes measured among the bf16 kernels, under keys of their own)
 
 
 def cache_dir() -> Path:
@@ -105,8 +106,12 @@ def key_digest(key: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def shape_key(m: int, n: int, k: int, bias: bool) -> str:
-    return f"{m}x{n}x{k}{'+b' if bias else ''}"
+# a GEMM in another dtype than f32 is its own experiment: its key starts with the dtype's name
+DTYPE_PREFIX = {torch.float32: "", torch.bfloat16: "bf16 "}
+
+
+def shape_key(m: int, n: int, k: int, bias: bool, dtype: torch.dtype = torch.float32) -> str:
+    return f"{DTYPE_PREFIX[dtype]}{m}x{n}x{k}{'+b' if bias else ''}"
 
 
 class Table:
@@ -127,25 +132,29 @@ class Table:
         except (OSError, ValueError) as e:  # a corrupt cache is measured again, not trusted
             self.load_error = f"{path}: {e}"
 
-    def entry(self, m: int, n: int, k: int, bias: bool) -> dict[str, Any] | None:
+    def entry(self, m: int, n: int, k: int, bias: bool, dtype: torch.dtype = torch.float32) -> dict[str, Any] | None:
         """What was measured for this GEMM shape (``kernel``, ``in_place``, ``gflops``, ...), or None."""
-        return self.shapes.get(shape_key(m, n, k, bias))
+        return self.shapes.get(shape_key(m, n, k, bias, dtype))
 
-    def capped(self, n: int, k: int, bias: bool, rows: int) -> dict[str, Any] | None:
+    def capped(self, n: int, k: int, bias: bool, rows: int,
+               dtype: torch.dtype = torch.float32) -> dict[str, Any] | None:
         """An entry of ``? x N x K`` measured on ``rows`` rows of a taller input (``M > rows``), or None."""
+        prefix = DTYPE_PREFIX[dtype]
         tail = shape_key(0, n, k, bias)[1:]  # "xNxK[+b]"
         for key, hit in self.shapes.items():
-            if (key.endswith(tail) and key[:-len(tail)].isdigit() and int(key[:-len(tail)]) > rows
+            height = key[len(prefix):-len(tail)]
+            if (key.startswith(prefix) and key.endswith(tail) and height.isdigit() and int(height) > rows
                     and hit.get("rows") == rows):
                 return hit
         return None
 
-    def get(self, m: int, n: int, k: int, bias: bool) -> str | None:
-        hit = self.entry(m, n, k, bias)
+    def get(self, m: int, n: int, k: int, bias: bool, dtype: torch.dtype = torch.float32) -> str | None:
+        hit = self.entry(m, n, k, bias, dtype)
         return hit["kernel"] if hit else None
 
-    def put(self, m: int, n: int, k: int, bias: bool, result: dict[str, Any]) -> None:
-        self.put_entry(shape_key(m, n, k, bias), result)
+    def put(self, m: int, n: int, k: int, bias: bool, result: dict[str, Any],
+            dtype: torch.dtype = torch.float32) -> None:
+        self.put_entry(shape_key(m, n, k, bias, dtype), result)
 
     def put_entry(self, key: str, result: dict[str, Any]) -> None:
         """Keep a measured choice under ``key`` (GEMM shapes, attention slice budgets) and save."""
@@ -186,10 +195,16 @@ def forget() -> None:
     forget_decisions()
 
 
+# this process's decisions of kernels not tied to a weight (plain attention), by table key: one lookup a call
+DECIDED: dict[str, str] = {}
+
+
 def forget_decisions() -> None:
-    """Drop every linear's remembered decision: each decides (and is recorded) afresh at its next call."""
+    """Drop every remembered decision: each linear and attention decides (and is recorded) afresh at its
+    next call."""
     WEIGHTS.clear("decision")
     WEIGHTS.clear("int8-decision")
+    DECIDED.clear()
 
 
 def reset() -> list[Path]:
@@ -246,16 +261,20 @@ def calibrate_model(call: Callable[[], Any]) -> list[tuple[str, dict[str, Any]]]
         call()
     t = table()
     unmeasured = {"kernel": settings.linear_kernel() or library.DEFAULT, "gflops": {}}
-    return [(s, t.shapes.get(s, {"kernel": "int8", "gflops": {}} if s.startswith("int8 ") else unmeasured))
-            for s in recorder.seen]
+    defaults = {"int8 ": {"kernel": "int8", "gflops": {}}, "sdpa ": {"kernel": "fused"}}
+    return [(s, t.shapes.get(s, defaults.get(s[:5], unmeasured))) for s in recorder.seen]
 
 
 def format_choices(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """One line per shape: the chosen kernel and every candidate's measured rate."""
     names = list(library.KERNELS)
-    head = f"  {'GEMM M x N x K':<22} {'chosen':<11} " + " ".join(f"{n:>11}" for n in names) + "  (GFLOP/s)"
+    head = f"  {'GEMM M x N x K':<22} {'chosen':<13} " + " ".join(f"{n:>13}" for n in names) + "  (GFLOP/s)"
     out = [head]
     for s, r in rows:
+        if s.startswith("sdpa "):  # plain attention: fused kernel or two GEMMs, seconds per candidate
+            times = ", ".join(f"{c} {t:.4g} s" for c, t in r.get("seconds", {}).items())
+            out.append(f"  {s:<34} {r.get('kernel', 'fused')}" + (f"  ({times})" if times else ""))
+            continue
         if s.startswith("attention "):  # a slice budget: seconds per candidate
             times = ", ".join(f"{c} {t:.4g} s" for c, t in r.get("seconds", {}).items())
             chosen = f"{int(r['kernel']) >> 20} MB slices" if str(r.get("kernel", "")).isdigit() else "-"
@@ -266,11 +285,11 @@ def format_choices(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
             out.append(f"  {s:<27} {r['kernel']:<11}" + (f"  ({rates} GFLOP/s)" if rates else ""))
             continue
         rates = r.get("gflops", {})
-        cells = " ".join(f"{rates[n]:>11.1f}" if n in rates else f"{'-':>11}" for n in names)
+        cells = " ".join(f"{rates[n]:>13.1f}" if n in rates else f"{'-':>13}" for n in names)
         why = ""
         if r.get("rejected"):
             why = "  rejected: " + "; ".join(f"{k} {v}" for k, v in r["rejected"].items())
         if not rates:
             why = "  (not measured: small, forced or calibration off)"
-        out.append(f"  {s:<22} {r['kernel']:<11} {cells}{why}")
+        out.append(f"  {s:<22} {r['kernel']:<13} {cells}{why}")
     return out

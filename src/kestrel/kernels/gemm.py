@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from . import allocator, calibration, settings
 from .contention import DISTURBED, others_share
-from .library import DEFAULT, KERNELS, Kernel, eager_ok, packs_in_place, plain_inference
+from .library import DEFAULT, KERNELS, Kernel, eager_ok, kernels_for, packs_in_place, plain_inference
 from .library import hand_back as _hand_back
 from .pages import release_file_pages
 from .settings import SettingError
@@ -49,8 +49,13 @@ CAL_BUDGET_S = 0.4
 CAL_ROUNDS = (3, 12)  # at least, at most
 # a candidate replaces torch's default only when it is this much faster (noise on shared machines)
 MARGIN = 0.03
-# a candidate must match F.linear to this relative error (max |diff| / max |ref|) to be eligible
+# a candidate must match F.linear to this relative error (max |diff| / max |ref|) to be eligible; in bf16,
+# where every output is rounded to 8 bits of mantissa, to one rounding of the largest output
 CHECK_TOL = 1e-5
+
+
+def check_tol(dtype: torch.dtype) -> float:
+    return max(CHECK_TOL, torch.finfo(dtype).eps)
 # In a model every weight is read once per forward, after all the others: it comes from memory, not
 # cache. Timing one weight over and over measures a hot cache instead, and ranks the paths differently
 # (measured: at 64 rows oneDNN beat torch's default by 15% on streamed weights and lost on a hot one).
@@ -81,24 +86,25 @@ def choose(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
     """
     m, k = x2d.shape
     n = weight.shape[0]
-    calibration.note(calibration.shape_key(m, n, k, bias is not None))
+    dtype = x2d.dtype
+    calibration.note(calibration.shape_key(m, n, k, bias is not None, dtype))
     name = forced()
     if name is not None:
-        return name
+        return name if dtype in KERNELS[name].dtypes else DEFAULT
     table = calibration.table()
-    entry = table.entry(m, n, k, bias is not None)
+    entry = table.entry(m, n, k, bias is not None, dtype)
     if (entry is None or entry.get("kernel") not in KERNELS) and m > CAL_ROWS:
         # measure() times CAL_ROWS rows of any taller input: a shape measured at another height above
         # CAL_ROWS was the same experiment. Taken over, not repeated: a model whose row count grows
         # call by call (SAM 2's memory attention, F memory frames x E x E rows) measures once
-        entry = table.capped(n, k, bias is not None, CAL_ROWS)
+        entry = table.capped(n, k, bias is not None, CAL_ROWS, dtype)
         if entry is not None and entry.get("kernel") in KERNELS:
-            table.put(m, n, k, bias is not None, entry)
+            table.put(m, n, k, bias is not None, entry, dtype)
     if entry is None or entry.get("kernel") not in KERNELS:
-        if not settings.calibrate() or 2.0 * m * n * k < MIN_CALIBRATED_FLOPS or len(KERNELS) == 1:
+        if not settings.calibrate() or 2.0 * m * n * k < MIN_CALIBRATED_FLOPS or len(kernels_for(dtype)) == 1:
             return DEFAULT
         entry = measure(x2d, weight, bias)
-        table.put(m, n, k, bias is not None, entry)
+        table.put(m, n, k, bias is not None, entry, dtype)
     name = entry["kernel"]
     if KERNELS[name].copies_weight and not packs_in_place(weight):
         fallback = entry.get("in_place", DEFAULT)
@@ -111,7 +117,8 @@ def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     """Time every candidate on (up to CAL_ROWS rows of) this input, interleaved; check each against F.linear.
 
     Each timing is a pass over enough copies of the weight (COLD_BYTES) that none is in cache when it
-    is read, as in a model's forward; the copies live only while measuring.
+    is read, as in a model's forward; the copies live only while measuring. The candidates are the
+    kernels of the input's dtype (f32 or bf16).
 
     Returns ``{"kernel": chosen, "in_place": the fastest that reads the weight in place (for weights that
     cannot be packed at no memory cost), "gflops": {name: best rate}, "rejected": {name: why},
@@ -119,23 +126,24 @@ def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     ``"disturbed": True`` where that share exceeded ``contention.DISTURBED``: such a choice serves this
     process, and the next one measures the shape again.
     """
-    names = list(kernels or KERNELS)
+    names = list(kernels or kernels_for(x2d.dtype))
     x = x2d[:CAL_ROWS]
     m, k = x.shape
     n = weight.shape[0]
     flops = 2.0 * m * n * k
-    ref = F.linear(x, weight, bias)
+    ref = F.linear(x, weight, bias).float()
     scale = float(ref.abs().max()) or 1.0
+    tol = check_tol(x.dtype)
     rejected: dict[str, str] = {}
     live: list[str] = []
     for name in names:
         try:
             out = KERNELS[name].run(x, weight, bias)
-            err = float((out - ref).abs().max()) / scale
+            err = float((out.float() - ref).abs().max()) / scale
         except Exception as e:  # a library that refuses this shape is simply not a candidate
             rejected[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
             continue
-        if not err <= CHECK_TOL:
+        if not err <= tol:
             rejected[name] = f"differs from F.linear by {err:.1e}"
             continue
         live.append(name)
@@ -258,7 +266,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if not eager_ok(x, weight) or x.numel() == 0:
         return F.linear(x, weight, bias)
     x2d = _rows(x)
-    if _INT8_MARKED[0] and getattr(weight, _INT8_FLAG, False) and _decide_int8(x2d, weight, bias):
+    if (_INT8_MARKED[0] and x2d.dtype == torch.float32 and getattr(weight, _INT8_FLAG, False)
+            and _decide_int8(x2d, weight, bias)):
         y = torch.ops.quantized.linear_dynamic(x2d, _int8_packed(weight, bias), True)
         return y.view(*x.shape[:-1], weight.shape[0])
     name = _decide(x2d, weight, bias)
@@ -412,33 +421,35 @@ def fuse_in_place(parts: Sequence[torch.Tensor]) -> torch.Tensor:
 
 @dataclass
 class _Group:
-    """Several projections packed as one GEMM (``mkl-packed``): the packed copy of their concatenation
-    takes the parts' file pages' place; the parts stay parameters of their own."""
+    """Several projections packed as one GEMM (a packing kernel's layout of their concatenation): the packed
+    copy takes the parts' file pages' place; the parts stay parameters of their own."""
 
+    kernel: Kernel
     rows: int
     packed: torch.Tensor
     bias: torch.Tensor | None
-    shape: torch.Tensor  # [sum(Out), In] without storage: MKL's op reads only its sizes at the packed rows
+    shape: torch.Tensor  # [sum(Out), In] without storage: the packed GEMMs read only its sizes
 
 
 def _packed_group(x: torch.Tensor, x2d: torch.Tensor, weights: Sequence[torch.Tensor],
                   biases: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
-    """``x @ cat(weights).T + cat(biases)`` as one packed GEMM where the fused shape calibrated to
-    ``mkl-packed`` and every part packs at no memory cost; None where it does not (the caller goes on).
+    """``x @ cat(weights).T + cat(biases)`` as one packed GEMM where the fused shape calibrated to a packing
+    kernel and every part packs at no memory cost; None where it does not (the caller goes on).
     ``x2d`` is ``_rows(x)``."""
     if any(w.shape[1:] != weights[0].shape[1:] for w in weights):
         return None
     rows = x2d.shape[0]
     group = WEIGHTS.get("packed-group", weights)  # one layout per group: a new row count replaces the old
-    if group is not None and group.rows == rows:
-        return _mkl_linear_packed(x, x2d, group)
-    if _decide_group(x2d, weights, biases) != "mkl-packed" or not all(packs_in_place(w) for w in weights):
+    if group is not None and group.kernel.fits((group.kernel.name, group.rows), rows):
+        return _run_group(x, x2d, group)
+    kernel = KERNELS[_decide_group(x2d, weights, biases)]
+    if kernel.pack is None or not all(packs_in_place(w) for w in weights):
         return None
     WEIGHTS.pop("packed-group", weights)  # the old layout goes before the new one is made
     del group
     whole = torch.cat(list(weights), dim=0)
     with allocator.mapped_apart():
-        packed = torch.ops.mkl._mkl_reorder_linear_weight(whole, rows)
+        packed = kernel.pack(whole, rows)
     del whole
     for w in weights:
         WEIGHTS.pop("packed", (w,))  # a part's own packed copy, from another row count, is not needed now
@@ -446,12 +457,13 @@ def _packed_group(x: torch.Tensor, x2d: torch.Tensor, weights: Sequence[torch.Te
     bias = _cat_biases(weights, biases)
     n = sum(w.shape[0] for w in weights)
     group = WEIGHTS.put("packed-group", weights, _Group(
-        rows, packed, bias, torch.empty(1, dtype=weights[0].dtype).expand(n, weights[0].shape[1])))
-    return _mkl_linear_packed(x, x2d, group)
+        kernel, rows, packed, bias, torch.empty(1, dtype=weights[0].dtype).expand(n, weights[0].shape[1])))
+    return _run_group(x, x2d, group)
 
 
-def _mkl_linear_packed(x: torch.Tensor, x2d: torch.Tensor, group: _Group) -> torch.Tensor:
-    out = torch.ops.mkl._mkl_linear(x2d, group.packed, group.shape, group.bias, group.rows)
+def _run_group(x: torch.Tensor, x2d: torch.Tensor, group: _Group) -> torch.Tensor:
+    assert group.kernel.run_packed is not None
+    out = group.kernel.run_packed(x2d, group.packed, group.shape, group.bias, x2d.shape[0])
     return out.view(*x.shape[:-1], group.shape.shape[0])
 
 
@@ -464,10 +476,12 @@ def _decide_group(x2d: torch.Tensor, weights: Sequence[torch.Tensor], biases: Se
     if hit is not None:
         return hit
     whole = torch.cat(list(weights), dim=0)
-    choose(x2d, whole, _cat_biases(weights, biases))  # measures the fused shape if new; recorders see it
+    name = choose(x2d, whole, _cat_biases(weights, biases))  # measures the fused shape if new; recorders see it
     del whole
-    m, k = x2d.shape
-    name = forced() or calibration.table().get(m, sum(w.shape[0] for w in weights), k, has_bias) or DEFAULT
+    if forced() is None:  # the measured choice, not choose()'s fallback for the temporary concatenation
+        m, k = x2d.shape
+        measured = calibration.table().get(m, sum(w.shape[0] for w in weights), k, has_bias, x2d.dtype)
+        name = measured if measured in KERNELS else DEFAULT
     return WEIGHTS.put("decision", weights, name, extra)
 
 
@@ -488,10 +502,9 @@ def fused_linear(x: torch.Tensor, weights: Sequence[torch.Tensor],
              and all(type(p) in (torch.Tensor, torch.nn.Parameter) for p in params))
     if eager and x.numel() > 0:
         x2d = _rows(x)
-        if "mkl-packed" in KERNELS:
-            out = _packed_group(x, x2d, weights, biases)
-            if out is not None:
-                return tuple(torch.split(out, sizes, dim=-1))
+        out = _packed_group(x, x2d, weights, biases)
+        if out is not None:
+            return tuple(torch.split(out, sizes, dim=-1))
         if _packs_parts(x2d, weights, biases):
             # each part runs packed: the packed copies replace the checkpoint's pages, where a fused
             # buffer would be a second copy in memory (and packed parts outrun any fused in-place GEMM)

@@ -4,11 +4,18 @@
     onednn       oneDNN's matmul primitive (``torch.ops.mkldnn._linear_pointwise``)
     mkl-packed   MKL's packed GEMM (``torch.ops.mkl._mkl_linear``): the weight packed once into the
                  layout MKL's kernel reads (per weight and row count, as inductor's freezing and
-                 onnxruntime's prepacking do). The packed copy replaces the weight in memory: a
-                 checkpoint weight is clean pages of its file mapping, which are handed back once it
-                 is packed (:mod:`kestrel.kernels.pages`; read again from the file if anything reads
-                 the parameter). A weight that is not (built in memory, converted, written to) runs
-                 the fastest other kernel instead, unless ``KESTREL_WEIGHT_COPIES=1`` allows the copy
+                 onnxruntime's prepacking do)
+    onednn-packed  oneDNN's matmul on the weight reordered once into its blocked layout
+                 (``torch.ops.mkldnn._reorder_linear_weight``, as inductor's freezing does for bf16):
+                 f32 and bf16, one layout for every row count
+
+A packed copy replaces the weight in memory: a checkpoint weight is clean pages of its file mapping,
+which are handed back once it is packed (:mod:`kestrel.kernels.pages`; read again from the file if
+anything reads the parameter). A weight that is not (built in memory, written to) runs the fastest
+other kernel instead, unless ``KESTREL_WEIGHT_COPIES=1`` allows the copy. Half-precision weights are
+the exception (:func:`packs_in_place`).
+
+f32 and bf16 each have their own kernels and calibrated choices (:data:`DTYPES`).
 
 Packed layouts and memory verdicts are kept in :data:`kestrel.kernels.weights.WEIGHTS`.
 """
@@ -27,16 +34,37 @@ from .pages import file_pages, release_file_pages
 from .weights import WEIGHTS
 
 DEFAULT = "torch"
+# the dtypes whose eager linears take a calibrated kernel
+DTYPES = (torch.float32, torch.bfloat16)
+F32_ONLY = (torch.float32,)
+
+Linear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+PackedLinear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, int], torch.Tensor]
 
 
 @dataclass(frozen=True)
 class Kernel:
-    """One GEMM path: ``run(x2d, weight, bias)`` computes ``x2d @ weight.T + bias``."""
+    """One GEMM path: ``run(x2d, weight, bias)`` computes ``x2d @ weight.T + bias``.
+
+    A packing kernel (``pack`` given) runs on a re-laid-out copy of each weight (see
+    :func:`packs_in_place`): ``pack(weight, rows)`` makes it, ``run_packed(x2d, layout, weight_or_shape,
+    bias, rows)`` runs on it; ``any_rows``: one layout serves every row count."""
 
     name: str
     library: str
-    run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
-    copies_weight: bool = False  # runs on a re-laid-out copy of each weight (see packs_in_place)
+    run: Linear
+    dtypes: tuple[torch.dtype, ...] = F32_ONLY
+    pack: Callable[[torch.Tensor, int], torch.Tensor] | None = None
+    run_packed: PackedLinear | None = None
+    any_rows: bool = False
+
+    @property
+    def copies_weight(self) -> bool:
+        return self.pack is not None
+
+    def fits(self, tag: tuple[str, int] | None, rows: int) -> bool:
+        """Whether a layout packed under ``tag`` (kernel, rows) serves this kernel at ``rows``."""
+        return tag is not None and tag[0] == self.name and (self.any_rows or tag[1] == rows)
 
 
 def _torch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -47,17 +75,18 @@ def _onednn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.T
     return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
 
 
-def packed(w: torch.Tensor, rows: int) -> torch.Tensor:
-    """``w`` packed for MKL's GEMM at ``rows`` rows. One layout per weight: a new row count replaces the
-    old layout rather than keeping a second copy."""
+def packed(w: torch.Tensor, rows: int, kernel: Kernel) -> torch.Tensor:
+    """``w`` packed for ``kernel`` at ``rows`` rows. One layout per weight: another kernel's layout, or one
+    for another row count, is replaced rather than kept as a second copy."""
     hit = WEIGHTS.get("packed", (w,))
-    if hit is not None and hit[0] == rows:
+    if hit is not None and kernel.fits(hit[0], rows):
         return hit[1]
     WEIGHTS.pop("packed", (w,))  # the old layout goes before the new one is made
     del hit
+    assert kernel.pack is not None
     with allocator.mapped_apart():
-        layout = torch.ops.mkl._mkl_reorder_linear_weight(w, rows)
-    WEIGHTS.put("packed", (w,), (rows, layout))
+        layout = kernel.pack(w, rows)
+    WEIGHTS.put("packed", (w,), ((kernel.name, rows), layout))
     hand_back(w)
     return layout
 
@@ -78,18 +107,43 @@ def packs_in_place(w: torch.Tensor) -> bool:
     packed), or ``KESTREL_WEIGHT_COPIES=1`` allows a second copy.
 
     Only parameters qualify: a view made per call (``w[:D]``) would be packed again on every call.
+    A half-precision parameter converted at load (anonymous memory) may be packed too: with its copy the
+    model holds as much as its f32 weights would, and a bf16 GEMM on packed weights is what bf16 is
+    asked for (README, "bf16 and int8").
     """
     if type(w) is not torch.nn.Parameter:
         return False
-    if settings.weight_copies() or _in_place_verdict(w):
+    if settings.weight_copies() or _in_place_verdict(w) or w.dtype != torch.float32:
         return True
     WEIGHTS.pop("packed", (w,))  # a weight written to since it was packed: its stale copy goes
     return False
 
 
-def _mkl_packed(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    rows = x.shape[0]
-    return torch.ops.mkl._mkl_linear(x, packed(w, rows), w, b, rows)
+def _mkl_pack(w: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.ops.mkl._mkl_reorder_linear_weight(w, rows)
+
+
+def _mkl_run_packed(x: torch.Tensor, layout: torch.Tensor, shape: torch.Tensor, b: torch.Tensor | None,
+                    rows: int) -> torch.Tensor:
+    return torch.ops.mkl._mkl_linear(x, layout, shape, b, rows)  # reads only the sizes of ``shape``
+
+
+def _onednn_pack(w: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), rows)
+
+
+def _onednn_run_packed(x: torch.Tensor, layout: torch.Tensor, shape: torch.Tensor, b: torch.Tensor | None,
+                       rows: int) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, layout, b, "none", [], "")
+
+
+def _packing(name: str) -> Linear:
+    def run(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        kernel = KERNELS[name]
+        assert kernel.run_packed is not None
+        rows = x.shape[0]
+        return kernel.run_packed(x, packed(w, rows, kernel), w, b, rows)
+    return run
 
 
 def _config_line(prefix: str) -> str:
@@ -112,15 +166,25 @@ def mkl_version() -> str:
 
 
 def _available() -> dict[str, Kernel]:
-    out = {"torch": Kernel("torch", "torch default (addmm)", _torch)}
+    out = {"torch": Kernel("torch", "torch default (addmm)", _torch, DTYPES)}
     if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
-        out["onednn"] = Kernel("onednn", f"oneDNN {onednn_version()}", _onednn)
+        out["onednn"] = Kernel("onednn", f"oneDNN {onednn_version()}", _onednn, DTYPES)
+        if hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+            out["onednn-packed"] = Kernel("onednn-packed", f"oneDNN {onednn_version()} reordered weights",
+                                          _packing("onednn-packed"), DTYPES, _onednn_pack, _onednn_run_packed,
+                                          any_rows=True)
     if torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear"):
-        out["mkl-packed"] = Kernel("mkl-packed", f"MKL {mkl_version()} packed GEMM", _mkl_packed, copies_weight=True)
+        out["mkl-packed"] = Kernel("mkl-packed", f"MKL {mkl_version()} packed GEMM", _packing("mkl-packed"),
+                                   F32_ONLY, _mkl_pack, _mkl_run_packed)
     return out
 
 
 KERNELS: dict[str, Kernel] = _available()
+
+
+def kernels_for(dtype: torch.dtype) -> list[str]:
+    """The kernels that compute in ``dtype``."""
+    return [name for name, kernel in KERNELS.items() if dtype in kernel.dtypes]
 
 
 def plain_inference(*tensors: torch.Tensor) -> bool:
@@ -136,10 +200,10 @@ _WEIGHT_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def eager_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Plain eager f32 inference on CPU: the calls that may take a calibrated kernel (compiled graphs
+    """Plain eager f32 or bf16 inference on CPU: the calls that may take a calibrated kernel (compiled graphs
     keep F.linear, which inductor lowers and may hand to oneDNN itself with frozen weights)."""
     # plain_inference(x, weight), unrolled: this runs before every linear of a forward
     return (type(x) is torch.Tensor and type(weight) in _WEIGHT_TYPES
-            and x.dtype == torch.float32 and weight.dtype == torch.float32 and x.is_cpu
+            and x.dtype == weight.dtype and x.dtype in DTYPES and x.is_cpu
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
             and not torch.compiler.is_compiling())

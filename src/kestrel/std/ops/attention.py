@@ -27,7 +27,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
     """Scaled dot-product attention ``softmax(q k^T * scale + bias) v`` over ``[..., N, Dh]``.
 
     ``bias`` is added to the scores; ``mask`` (bool) keeps the positions where it is True.
-    Runs torch's fused kernel, which never materialises the scores when there is no bias.
+    Without a bias, torch's fused kernel (which never materialises the scores) or two GEMMs, whichever
+    this machine measured faster for the shape and dtype (:func:`kestrel.kernels.sdpa`).
     """
     if mask is not None:
         bias = (bias if bias is not None else 0) + torch.zeros_like(mask, dtype=q.dtype).masked_fill(
@@ -40,6 +41,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
         out = F.scaled_dot_product_attention(q.reshape(-1, *q.shape[-3:]), k.reshape(-1, *k.shape[-3:]),
                                              v.reshape(-1, *v.shape[-3:]), attn_mask=bias, scale=scale)
         return out.reshape(*lead, *out.shape[-3:])
+    if bias is None and q.dim() == 4:
+        return kernels.sdpa(q, k, v, scale)  # fused, or two GEMMs where this machine measured them faster
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
 
 
@@ -114,7 +117,7 @@ def multihead_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads
         n, width = t.shape[-2:]
         return t.reshape(-1, n, heads, width // heads).transpose(1, 2)
 
-    y = F.scaled_dot_product_attention(split(q), split(k), split(v))  # 4-D: its fused kernels' layout
+    y = kernels.sdpa(split(q), split(k), split(v))  # 4-D: the fused kernel's layout
     return y.transpose(1, 2).reshape(*lead, nq, ev)
 
 
