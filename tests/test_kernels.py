@@ -557,3 +557,22 @@ def test_plain_attention_is_a_measured_choice_and_both_paths_agree(dtype):
         calibrate.DECIDED[attention.sdpa_key(qg, k.float(), v.float())] = "gemm"
         ops.attention(qg, k.float(), v.float()).sum().backward()
         assert qg.grad is not None
+
+
+@needs_onednn_packed
+def test_an_int8_fused_projection_runs_int8_where_its_f32_shape_packs(tmp_path, monkeypatch):
+    if not kernels.int8_available():
+        pytest.skip("no quantized engine in this torch build")
+    _calibrated(monkeypatch, "onednn-packed")
+    monkeypatch.setattr(kernels, "choose_int8", lambda x, w, b: "int8")
+    ws = _file_weights(tmp_path, (96, 64), (96, 64), (96, 64))
+    bs = [torch.randn(96) for _ in ws]
+    for w in ws:
+        kernels.mark_int8(w)
+    x = torch.randn(2, 10, 64)
+    wants = [F.linear(x, w, b) for w, b in zip(ws, bs)]
+    with torch.no_grad():
+        outs = ops.fused_linear(x, ws, bs)
+    assert WEIGHTS.get("packed-group", ws) is None  # not the f32 packed group
+    for o, want in zip(outs, wants):
+        assert 1e-5 < rel_diff(o, want) < 0.05  # int8 ran, and stayed close

@@ -502,10 +502,11 @@ def fused_linear(x: torch.Tensor, weights: Sequence[torch.Tensor],
              and all(type(p) in (torch.Tensor, torch.nn.Parameter) for p in params))
     if eager and x.numel() > 0:
         x2d = _rows(x)
-        out = _packed_group(x, x2d, weights, biases)
+        int8 = _INT8_MARKED[0] and x2d.dtype == torch.float32 and any(getattr(w, _INT8_FLAG, False) for w in weights)
+        out = None if int8 else _packed_group(x, x2d, weights, biases)  # int8 runs on the fused buffer below
         if out is not None:
             return tuple(torch.split(out, sizes, dim=-1))
-        if _packs_parts(x2d, weights, biases):
+        if not int8 and _packs_parts(x2d, weights, biases):
             # each part runs packed: the packed copies replace the checkpoint's pages, where a fused
             # buffer would be a second copy in memory (and packed parts outrun any fused in-place GEMM)
             return tuple(linear(x, w, b) for w, b in zip(weights, biases))

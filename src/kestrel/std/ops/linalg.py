@@ -22,9 +22,10 @@ from ...checker.symbolic import ShapeError, SymTensor, op
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T + bias`` over the last axis: ``[*S, In] -> [*S, Out]``.
 
-    Kernel: for eager f32 inference on CPU, the GEMM path measured fastest for this shape on this
-    machine (:mod:`kestrel.kernels.gemm`: torch's default, oneDNN or MKL's packed GEMM, all within
-    ~1e-6 relative of each other); ``F.linear`` in compiled, exported and autograd graphs.
+    Kernel: for eager f32 or bf16 inference on CPU, the GEMM path measured fastest for this shape and
+    dtype on this machine (:mod:`kestrel.kernels.gemm`: torch's default, oneDNN on plain or reordered
+    weights, MKL's packed GEMM; in f32 all within ~1e-6 relative of each other); ``F.linear`` in
+    compiled, exported and autograd graphs.
     """
     return kernels.linear(x, weight, bias)
 
