@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from . import allocator, calibration, settings
-from .contention import DISTURBED, others_share
+from .contention import note_load, others_share
 from .library import plain_inference
 
 # Bytes of scores one slice may hold. The slice size trades cache reuse against per-slice overhead
@@ -46,6 +46,7 @@ SDPA_GEMM_MAX_BYTES = 64 << 20
 # how far the two-GEMM path may stand from the fused kernel to be a candidate, relative to the largest
 # output: f32 rounding; in half precision the probabilities are rounded before the second product
 SDPA_TOL = {torch.float32: 1e-5, torch.bfloat16: 4 * torch.finfo(torch.bfloat16).eps}
+
 
 def sdpa_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
     """The calibration table's key for one plain attention problem."""
@@ -107,13 +108,9 @@ def _sdpa_choice(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
 
     _, others = others_share(rounds)
     chosen = min(best, key=lambda c: best[c])
-    entry: dict[str, object] = {"kernel": chosen, "seconds": {c: round(t, 6) for c, t in best.items()},
-                                "error": float(f"{err:.2g}")}
-    if others is not None:
-        entry["others"] = round(others, 3)
-        if others > DISTURBED:
-            entry["disturbed"] = True
-    calibration.table().put_entry(key, entry)
+    calibration.table().put_entry(key, note_load(
+        {"kernel": chosen, "seconds": {c: round(t, 6) for c, t in best.items()}, "error": float(f"{err:.2g}")},
+        others))
     calibration.DECIDED[key] = chosen
     return chosen
 
@@ -168,13 +165,8 @@ def _calibrated_budget(q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, rh:
     _, others = others_share(rounds)
     chosen = min(best, key=lambda c: best[c])
     allocator.note_burst()  # the entry running this forward hands the freed scores' pages back when it returns
-    entry: dict[str, object] = {"kernel": str(chosen),
-                                "seconds": {f"{c >> 20} MB": round(t, 5) for c, t in best.items()}}
-    if others is not None:
-        entry["others"] = round(others, 3)
-        if others > DISTURBED:  # serves this process; the next measures again (calibration.Table)
-            entry["disturbed"] = True
-    table.put_entry(key, entry)
+    table.put_entry(key, note_load(
+        {"kernel": str(chosen), "seconds": {f"{c >> 20} MB": round(t, 5) for c, t in best.items()}}, others))
     return None
 
 

@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 R = TypeVar("R")
 
@@ -42,3 +42,13 @@ def others_share(fn: Callable[[], R], min_seconds: float = 0.02) -> tuple[R, flo
         return out, None
     busy = after[0] - before[0] - (own1 - own0)
     return out, max(0.0, min(1.0, busy / (after[1] - before[1])))
+
+
+def note_load(entry: dict[str, Any], others: float | None) -> dict[str, Any]:
+    """Record in a calibration ``entry`` the share of the machine others took while measuring; above DISTURBED
+    the choice is marked: it serves this process, and the next one measures again (calibration.Table)."""
+    if others is not None:
+        entry["others"] = round(others, 3)
+        if others > DISTURBED:
+            entry["disturbed"] = True
+    return entry

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from . import allocator, calibration, settings
-from .contention import DISTURBED, others_share
+from .contention import note_load, others_share
 from .library import DEFAULT, KERNELS, Kernel, eager_ok, kernels_for, packs_in_place, plain_inference
 from .library import hand_back as _hand_back
 from .pages import release_file_pages
@@ -52,10 +52,6 @@ MARGIN = 0.03
 # a candidate must match F.linear to this relative error (max |diff| / max |ref|) to be eligible; in bf16,
 # where every output is rounded to 8 bits of mantissa, to one rounding of the largest output
 CHECK_TOL = 1e-5
-
-
-def check_tol(dtype: torch.dtype) -> float:
-    return max(CHECK_TOL, torch.finfo(dtype).eps)
 # In a model every weight is read once per forward, after all the others: it comes from memory, not
 # cache. Timing one weight over and over measures a hot cache instead, and ranks the paths differently
 # (measured: at 64 rows oneDNN beat torch's default by 15% on streamed weights and lost on a hot one).
@@ -68,6 +64,11 @@ PASS_FLOPS = 2e10
 
 
 # -------------------------------------------------------------------------------- the choice
+
+
+def check_tol(dtype: torch.dtype) -> float:
+    """The largest relative difference from ``F.linear`` a candidate kernel may show in ``dtype``."""
+    return max(CHECK_TOL, torch.finfo(dtype).eps)
 
 
 def forced() -> str | None:
@@ -157,17 +158,7 @@ def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     in_place = _pick({nm: r for nm, r in gflops.items() if not KERNELS[nm].copies_weight})
     out = {"kernel": _pick(gflops), "in_place": in_place, "gflops": {nm: round(v, 2) for nm, v in gflops.items()},
            "rejected": rejected, "rows": m}
-    return _note_load(out, others)
-
-
-def _note_load(entry: dict[str, Any], others: float | None) -> dict[str, Any]:
-    """Record the share of the machine others took while measuring; above DISTURBED the choice is marked: it
-    serves this process, and the next one measures again (calibration.Table)."""
-    if others is not None:
-        entry["others"] = round(others, 3)
-        if others > DISTURBED:
-            entry["disturbed"] = True
-    return entry
+    return note_load(out, others)
 
 
 def _cold_copies(weight: torch.Tensor, flops: float) -> int:
@@ -383,7 +374,7 @@ def measure_int8(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         del packs
     gflops = {name: flops / t / 1e9 for name, t in best.items()}
     chosen = "int8" if gflops["int8"] > gflops[f32] * (1 + MARGIN) else f32
-    return _note_load({"kernel": chosen, "gflops": {nm: round(v, 2) for nm, v in gflops.items()}, "rows": m},
+    return note_load({"kernel": chosen, "gflops": {nm: round(v, 2) for nm, v in gflops.items()}, "rows": m},
                       others)
 
 

@@ -4,7 +4,8 @@ Each setting is read at call time (tests and users may change the environment be
 value Kestrel cannot use is a :class:`SettingError` naming the variable, the value and what it takes.
 
 =============================  ================================================================
-``KESTREL_LINEAR``             force one GEMM kernel (``torch``, ``onednn``, ``onednn-packed``, ``mkl-packed``) or ``auto``
+``KESTREL_LINEAR``             force one GEMM kernel (``torch``, ``onednn``, ``onednn-packed``, ``mkl-packed``,
+                               ``auto``)
 ``KESTREL_ONEDNN=0``           the older spelling of ``KESTREL_LINEAR=torch``
 ``KESTREL_CALIBRATE=0``        measure no new shape (unseen shapes take torch's default)
 ``KESTREL_WEIGHT_COPIES=1``    kernels may keep a re-laid-out second copy of any weight
