@@ -1,8 +1,8 @@
 """Attention kernels: plain scaled dot-product attention by measured choice, and attention with decomposed
 relative positions without materialising every score at once.
 
-Plain attention (:func:`sdpa`) has two paths on CPU: torch's fused kernel, which never holds all the scores,
-and two batched GEMMs around a soft-max in place. Which is faster depends on the dtype, the shape and the
+Plain attention (:func:`sdpa`) in bf16 has two paths on CPU: torch's fused kernel, which never holds all the
+scores, and two batched GEMMs around a soft-max in place. Which is faster depends on the shape and the
 machine (on one AMD EPYC, bf16 at 8 x 12 heads x 257 tokens: 16.4 ms fused, 8.8 ms as GEMMs, whose bf16
 products run on the CPU's bf16 dot products; at 1370 tokens the fused kernel won). So the first call of a
 shape times both, interleaved, and the calibration table keeps the faster.
@@ -43,21 +43,24 @@ MIN_CALIBRATED_SCORES = 1 << 22  # smaller problems take the default: not worth 
 
 # the two-GEMM path holds every score: above this many bytes of them only the fused kernel is considered
 SDPA_GEMM_MAX_BYTES = 64 << 20
-# how far the two-GEMM path may stand from the fused kernel to be a candidate, relative to the largest
-# output: f32 rounding; in half precision the probabilities are rounded before the second product
-SDPA_TOL = {torch.float32: 1e-5, torch.bfloat16: 4 * torch.finfo(torch.bfloat16).eps}
+# The dtypes whose plain attention is a measured choice, and how far the two-GEMM path may stand from the
+# fused kernel to be a candidate, relative to the largest output (the probabilities are rounded to bf16
+# before the second product). f32 always takes the fused kernel: there the GEMMs won by ~1% at best, and
+# their rounding, ~5e-7 a call, compounds over SAM 2.1's frames to 1.75e-5 from transformers' (which runs
+# the fused kernel), past the tracking parity tests' 1e-5
+SDPA_TOL = {torch.bfloat16: 4 * torch.finfo(torch.bfloat16).eps}
 
 
 def sdpa_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
     """The calibration table's key for one plain attention problem."""
     b, h, n, d = q.shape
-    return f"sdpa {calibration.DTYPE_PREFIX[q.dtype] or 'f32 '}{b * h}x{n}x{k.shape[-2]}x{d}x{v.shape[-1]}"
+    return f"sdpa {calibration.DTYPE_PREFIX[q.dtype]}{b * h}x{n}x{k.shape[-2]}x{d}x{v.shape[-1]}"
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-    """``softmax(q k^T * scale) v`` over 4-D ``[B, H, N, d]``: torch's fused kernel, or two GEMMs around a
-    soft-max in place, whichever this machine measured faster for the shape and dtype (eager CPU inference;
-    graphs and other cases take the fused kernel)."""
+    """``softmax(q k^T * scale) v`` over 4-D ``[B, H, N, d]``: torch's fused kernel, or (bf16, eager CPU
+    inference) two GEMMs around a soft-max in place, whichever this machine measured faster for the shape;
+    f32, graphs and other cases take the fused kernel."""
     if not (q.dim() == 4 and q.is_cpu and q.dtype in SDPA_TOL and plain_inference(q, k, v)
             and k.dtype == q.dtype and v.dtype == q.dtype and settings.calibrate()):
         return F.scaled_dot_product_attention(q, k, v, scale=scale)
