@@ -582,17 +582,3 @@ def test_an_int8_fused_projection_runs_int8_where_its_f32_shape_packs(tmp_path, 
     assert WEIGHTS.get("packed-group", ws) is None  # not the f32 packed group
     for o, want in zip(outs, wants):
         assert 1e-5 < rel_diff(o, want) < 0.05  # int8 ran, and stayed close
-
-
-def test_channel_layer_norm_of_a_channels_last_input_is_one_fused_norm_with_the_reference_numbers():
-    g = torch.Generator().manual_seed(5)
-    x = torch.randn(2, 16, 9, 7, generator=g).contiguous(memory_format=torch.channels_last)
-    w, b = torch.randn(16, generator=g), torch.randn(16, generator=g)
-    mean = x.mean(1, keepdim=True)  # SAM's LayerNorm, channels first, as the reference writes it
-    want = w[:, None, None] * (x - mean) / torch.sqrt((x - mean).pow(2).mean(1, keepdim=True) + 1e-6) \
-        + b[:, None, None]
-    with torch.inference_mode():
-        got = ops.layer_norm_chw(x, w, b)
-    assert got.is_contiguous(memory_format=torch.channels_last)  # the fused path ran, with the grain
-    assert rel_diff(got, want) < 1e-6
-    assert rel_diff(ops.layer_norm_chw(x.contiguous(), w, b), want) < 1e-6  # channels-first: the plain formula

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ... import kernels
 from ...checker.rules import (
     axis,
     float_dtype,
@@ -40,16 +39,7 @@ def _(x: SymTensor, weight: SymTensor | None, bias: SymTensor | None, eps: float
 
 @op("layer_norm_chw", layout="preserve")
 def layer_norm_chw(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Layer norm over the channel axis of ``[B, C, H, W]`` (SAM's channels-first norm).
-
-    Kernel: an input laid out channels-last (as the 2 x 2 transposed convolution hands it over) is, in
-    eager inference, one fused layer norm over its contiguous channel rows, in place of seven passes over
-    the whole tensor (SAM's decoder at batch 8 normalises 8 x 64 x 256 x 256 floats); ~1e-7 relative.
-    """
-    if (x.dim() == 4 and kernels.plain_inference(x, weight, bias) and x.is_cpu and x.shape[1] > 1
-            and x.is_contiguous(memory_format=torch.channels_last)):
-        rows = x.permute(0, 2, 3, 1)  # a view: [B, H, W, C] with contiguous channels
-        return F.layer_norm(rows, (x.shape[1],), weight, bias, eps).permute(0, 3, 1, 2)
+    """Layer norm over the channel axis of ``[B, C, H, W]`` (SAM's channels-first norm)."""
     mean = x.mean(1, keepdim=True)
     var = (x - mean).pow(2).mean(1, keepdim=True)
     y = (x - mean) / torch.sqrt(var + eps)
