@@ -202,8 +202,15 @@ def test_tracking_in_reverse_agrees_with_transformers(small):
     print("video parity (small, reverse):", figures)
 
 
-def test_occluded_objects_agree_with_transformers(tmp_path):
-    """An object-score head that often says "no object": the occlusion embedding and no-object pointer."""
+def test_occluded_objects_agree_with_transformers(tmp_path, monkeypatch):
+    """An object-score head that often says "no object": the occlusion embedding and no-object pointer.
+
+    Run on torch's own GEMM, as transformers runs: the memories are rounded to bf16 (as upstream stores
+    them), so a ~1e-7 difference between two f32 GEMM kernels can flip one rounding and move this
+    object-frame by 1.75e-5. It did with KESTREL_LINEAR=onednn or mkl-packed before this session's kernels
+    too, so whether it passed hung on which kernel the calibration picked. The kernels' own agreement with
+    F.linear (~1e-6) is tested in test_kernels."""
+    monkeypatch.setenv("KESTREL_LINEAR", "torch")
     cfg = video_config(num_maskmem=3, max_object_pointers_in_encoder=4)
     ref = seeded_video(cfg, seed=1, object_bias=0.0)
     ref.save_pretrained(tmp_path)
