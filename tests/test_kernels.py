@@ -477,9 +477,10 @@ def test_int8_runs_only_where_it_measured_faster_than_the_shapes_f32_kernel(monk
 
     def race(runs, copies, budget_s):  # the real race (every path runs), then the verdict asked for
         best, others = real_race(runs, copies, 0.01)
-        if "int8" in runs:
+        if "int8" in runs:  # every int8 kernel (one per quantized engine) gets the verdict
             slow = max(best.values()) * 10
-            best = {nm: (slow if (nm == "int8") == (verdict["int8"] == "slower") else t) for nm, t in best.items()}
+            best = {nm: (slow if nm.startswith("int8") == (verdict["int8"] == "slower") else t)
+                    for nm, t in best.items()}
         return best, others
 
     monkeypatch.setattr(kernels, "_race", race)
@@ -489,14 +490,15 @@ def test_int8_runs_only_where_it_measured_faster_than_the_shapes_f32_kernel(monk
     assert rel_diff(y, exact) < 1e-5  # int8 lost the race: the f32 kernel ran
     key = "int8 512x256x256+b"
     entry = calibrate.table().shapes[key]
-    assert entry["kernel"] != "int8" and set(entry["gflops"]) == {"int8", entry["kernel"]}
+    assert entry["kernel"] not in kernels.INT8_KERNELS
+    assert set(entry["gflops"]) == {*kernels.INT8_KERNELS, entry["kernel"]}
     assert key in "\n".join(calibrate.format_choices([(key, entry)]))
     calibrate.reset()
     verdict["int8"] = "faster"
     with torch.no_grad():
         y = ops.linear(x, w, b)
     assert 1e-5 < rel_diff(y, exact) < 0.1  # int8 won: quantised, and close
-    assert calibrate.table().shapes[key]["kernel"] == "int8"
+    assert calibrate.table().shapes[key]["kernel"] in kernels.INT8_KERNELS
 
 
 needs_onednn_packed = pytest.mark.skipif("onednn-packed" not in kernels.KERNELS, reason="no oneDNN weight reorder")
@@ -582,3 +584,21 @@ def test_an_int8_fused_projection_runs_int8_where_its_f32_shape_packs(tmp_path, 
     assert WEIGHTS.get("packed-group", ws) is None  # not the f32 packed group
     for o, want in zip(outs, wants):
         assert 1e-5 < rel_diff(o, want) < 0.05  # int8 ran, and stayed close
+
+
+def test_each_quantized_engine_is_an_int8_kernel_and_a_weight_keeps_one_pack(monkeypatch):
+    if len(kernels.INT8_KERNELS) < 2:
+        pytest.skip("one quantized engine here: nothing to choose between")
+    x, w, b = _data(m=64, k=128, n=96)
+    kernels.mark_int8(w)
+    exact = F.linear(x, w, b)
+    outs = {}
+    for name in kernels.INT8_KERNELS:  # each engine's kernel, as if it had won the race
+        monkeypatch.setattr(kernels, "choose_int8", lambda x, w, b, name=name: name)
+        calibrate.forget_decisions()
+        with torch.no_grad():
+            outs[name] = ops.linear(x, w, b)
+        assert 1e-5 < rel_diff(outs[name], exact) < 0.05  # quantised, and close
+        assert WEIGHTS.count("int8") == 1 and WEIGHTS.get("int8", (w, b))[0] == name  # the other pack went
+    a, c = outs.values()
+    assert rel_diff(a, c) < 0.05  # the same quantisation, two libraries

@@ -30,10 +30,10 @@ import torch
 from . import library, settings
 from .weights import WEIGHTS
 
-VERSION = 5  # of the file format and of the measuring procedure (2: streamed, cold weights; 3: packed always
+VERSION = 6  # of the file format and of the measuring procedure (2: streamed, cold weights; 3: packed always
 # measured, with the in-place fallback; 4: the machine's load recorded, a disturbed choice not reused: tables
 # of 3 held choices measured while other processes took the cores, 5-10x below the machine's rates; 5: bf16
-# shapes measured among the bf16 kernels, under keys of their own)
+# shapes measured among the bf16 kernels, under keys of their own; 6: int8 shapes race every quantized engine)
 
 
 def cache_dir() -> Path:

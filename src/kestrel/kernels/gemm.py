@@ -257,10 +257,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if not eager_ok(x, weight) or x.numel() == 0:
         return F.linear(x, weight, bias)
     x2d = _rows(x)
-    if (_INT8_MARKED[0] and x2d.dtype == torch.float32 and getattr(weight, _INT8_FLAG, False)
-            and _decide_int8(x2d, weight, bias)):
-        y = torch.ops.quantized.linear_dynamic(x2d, _int8_packed(weight, bias), True)
-        return y.view(*x.shape[:-1], weight.shape[0])
+    if _INT8_MARKED[0] and x2d.dtype == torch.float32 and getattr(weight, _INT8_FLAG, False):
+        int8 = _decide_int8(x2d, weight, bias)
+        if int8 is not None:
+            y = torch.ops.quantized.linear_dynamic(x2d, _int8_packed(weight, bias, int8), True)
+            return y.view(*x.shape[:-1], weight.shape[0])
     name = _decide(x2d, weight, bias)
     if name == DEFAULT:
         return F.linear(x, weight, bias)
@@ -320,13 +321,40 @@ def int8_available() -> bool:
     return hasattr(torch.ops.quantized, "linear_dynamic") and bool(torch.backends.quantized.supported_engines)
 
 
-def _decide_int8(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether this marked weight runs int8 at this row count: remembered per weight like :func:`_decide`."""
+def _int8_engines() -> dict[str, str]:
+    """The int8 kernels, each torch's dynamic int8 linear under one quantized engine: ``int8`` under the
+    engine torch picks for this CPU (``x86``: FBGEMM), ``int8-onednn`` under oneDNN's, where it is another
+    (on CPUs with AMX it ran 1.3-2x FBGEMM's rate; elsewhere it may lose: each shape races them)."""
+    default = torch.backends.quantized.engine
+    engines = {"int8": default}
+    if "onednn" in torch.backends.quantized.supported_engines and default != "onednn":
+        engines["int8-onednn"] = "onednn"
+    return engines
+
+
+INT8_KERNELS: dict[str, str] = _int8_engines()
+
+
+@contextlib.contextmanager
+def _quantized_engine(engine: str) -> Iterator[None]:
+    """torch's quantized engine set to ``engine`` (a global setting) for the prepacking inside."""
+    before = torch.backends.quantized.engine
+    torch.backends.quantized.engine = engine
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = before
+
+
+def _decide_int8(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str | None:
+    """The int8 kernel this marked weight runs at this row count, or None where f32 is faster: remembered
+    per weight like :func:`_decide`."""
     extra = (x2d.shape[0], bias is not None, torch.get_num_threads())
     hit = WEIGHTS.get("int8-decision", (weight,), extra)
     if hit is None:
-        hit = WEIGHTS.put("int8-decision", (weight,), choose_int8(x2d, weight, bias) == "int8", extra)
-    return hit
+        chosen = choose_int8(x2d, weight, bias)
+        hit = WEIGHTS.put("int8-decision", (weight,), (chosen if chosen in INT8_KERNELS else "",), extra)
+    return hit[0] or None
 
 
 def int8_key(m: int, n: int, k: int, bias: bool) -> str:
@@ -334,12 +362,14 @@ def int8_key(m: int, n: int, k: int, bias: bool) -> str:
 
 
 def choose_int8(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
-    """``"int8"``, or the f32 kernel where int8 is not faster for this shape: cached, or measured now.
+    """An int8 kernel (:data:`INT8_KERNELS`), or the f32 kernel where int8 is not faster for this shape:
+    cached, or measured now.
 
     int8 is asked for per model, but it does not win everywhere (a small GEMM is dominated by quantising
-    its input; a CPU without 8-bit dot products gains less): each shape races int8 against the f32 kernel
-    its own calibration chose, on the call's data, as :func:`measure` does, and keeps the faster. Forced
-    kernels and ``KESTREL_CALIBRATE=0`` keep int8 everywhere it was asked for.
+    its input; a CPU without 8-bit dot products gains less), and which engine's int8 is faster depends on
+    the CPU: each shape races the int8 kernels against the f32 kernel its own calibration chose, on the
+    call's data, as :func:`measure` does, and keeps the fastest. Forced kernels and ``KESTREL_CALIBRATE=0``
+    keep int8, under torch's default engine, everywhere it was asked for.
     """
     m, k = x2d.shape
     n = weight.shape[0]
@@ -357,42 +387,51 @@ def choose_int8(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 def measure_int8(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, f32: str,
                  budget_s: float = CAL_BUDGET_S) -> dict[str, Any]:
-    """Race int8 dynamic quantisation against the f32 kernel ``f32`` on (up to CAL_ROWS rows of) this input,
-    each over cold copies of its own weight; ``{"kernel": the faster, "gflops": {...}, "rows", "others"}``.
-    int8 must beat f32 by MARGIN: it is not exact, so a tie goes to f32."""
+    """Race the int8 kernels against the f32 kernel ``f32`` on (up to CAL_ROWS rows of) this input, each over
+    cold copies of its own weight; ``{"kernel": the fastest, "gflops": {...}, "rows", "others"}``. int8 must
+    beat f32 by MARGIN: it is not exact, so a tie goes to f32."""
     x = x2d[:CAL_ROWS]
     m, k = x.shape
     flops = 2.0 * m * weight.shape[0] * k
     copies = _cold_copies(weight, flops)
     with _copies(weight, copies) as weights:
-        packs = [_quantize(w, bias) for w in weights]
-        runs = {"int8": functools.partial(_run_int8, x, packs),  # f32: what choose() gave this weight
-                f32: functools.partial(_run_on, KERNELS[f32].run, x, weights, bias)}
+        runs: dict[str, Any] = {}
+        for name, engine in INT8_KERNELS.items():
+            packs = [_quantize(w, bias, engine) for w in weights]
+            runs[name] = functools.partial(_run_int8, x, packs)
+        runs[f32] = functools.partial(_run_on, KERNELS[f32].run, x, weights, bias)  # what choose() gave it
         best, others = _race(runs, copies, budget_s)
         for w in weights:
             WEIGHTS.pop("packed", (w,))
-        del packs
+        del runs
     gflops = {name: flops / t / 1e9 for name, t in best.items()}
-    chosen = "int8" if gflops["int8"] > gflops[f32] * (1 + MARGIN) else f32
+    fastest = max(INT8_KERNELS, key=gflops.__getitem__)
+    chosen = fastest if gflops[fastest] > gflops[f32] * (1 + MARGIN) else f32
     return note_load({"kernel": chosen, "gflops": {nm: round(v, 2) for nm, v in gflops.items()}, "rows": m},
-                      others)
+                     others)
 
 
 def _run_int8(x: torch.Tensor, packs: Sequence[Any], i: int) -> None:
     torch.ops.quantized.linear_dynamic(x, packs[i], True)
 
 
-def _int8_packed(weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+def _int8_packed(weight: torch.Tensor, bias: torch.Tensor | None, kernel: str) -> Any:
+    """The weight quantised and packed for ``kernel``'s engine. One pack per weight: a pack for the other
+    engine (another row count chose it) is replaced, not kept beside it."""
     owners = (weight,) if bias is None else (weight, bias)
-    return WEIGHTS.get_or_make("int8", owners, lambda: _quantize(weight, bias))
+    hit = WEIGHTS.get("int8", owners)
+    if hit is None or hit[0] != kernel:
+        WEIGHTS.pop("int8", owners)
+        hit = WEIGHTS.put("int8", owners, (kernel, _quantize(weight, bias, INT8_KERNELS[kernel])))
+    return hit[1]
 
 
-def _quantize(weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+def _quantize(weight: torch.Tensor, bias: torch.Tensor | None, engine: str) -> Any:
     w = weight.detach().float()
     scales = (w.abs().amax(dim=1).clamp_min(1e-12) / 127).double()
     zeros = torch.zeros(w.shape[0], dtype=torch.long)
-    with warnings.catch_warnings():  # torch deprecates quantised tensors; the packed kernels stay
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(), _quantized_engine(engine):  # torch deprecates quantised tensors; the
+        warnings.simplefilter("ignore")  # packed kernels stay
         q = torch.quantize_per_channel(w, scales, zeros, 0, torch.qint8)
         return torch.ops.quantized.linear_prepack(q, None if bias is None else bias.detach().float())
 
