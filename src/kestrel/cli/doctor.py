@@ -99,6 +99,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(f"  instruction sets: {' '.join(calibrate.cpu_flags()) or '?'}")
     print(f"libraries: torch {torch.__version__}, oneDNN {library.onednn_version()}, MKL {library.mkl_version()}; "
           f"kernels: " + ", ".join(f"{k.name} ({k.library})" for k in kernels.KERNELS.values()))
+    if kernels.int8_available():  # --quantize int8 races these per shape
+        print("int8 kernels: " + ", ".join(f"{name} (quantized engine {engine})"
+                                           for name, engine in kernels.INT8_KERNELS.items()))
     print(f"calibration cache: {calibrate.cache_dir()}"
           + ("" if settings.calibrate() else " (KESTREL_CALIBRATE=0: off)")
           + (f"; KESTREL_LINEAR={kernels.forced()} forces one kernel" if kernels.forced() else ""))
