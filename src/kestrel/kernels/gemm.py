@@ -351,10 +351,10 @@ def _decide_int8(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     per weight like :func:`_decide`."""
     extra = (x2d.shape[0], bias is not None, torch.get_num_threads())
     hit = WEIGHTS.get("int8-decision", (weight,), extra)
-    if hit is None:
+    if hit is None:  # "" for f32: a kept decision, where None is a miss
         chosen = choose_int8(x2d, weight, bias)
-        hit = WEIGHTS.put("int8-decision", (weight,), (chosen if chosen in INT8_KERNELS else "",), extra)
-    return hit[0] or None
+        hit = WEIGHTS.put("int8-decision", (weight,), chosen if chosen in INT8_KERNELS else "", extra)
+    return hit or None
 
 
 def int8_key(m: int, n: int, k: int, bias: bool) -> str:
@@ -416,14 +416,10 @@ def _run_int8(x: torch.Tensor, packs: Sequence[Any], i: int) -> None:
 
 
 def _int8_packed(weight: torch.Tensor, bias: torch.Tensor | None, kernel: str) -> Any:
-    """The weight quantised and packed for ``kernel``'s engine. One pack per weight: a pack for the other
-    engine (another row count chose it) is replaced, not kept beside it."""
+    """The weight quantised and packed for ``kernel``'s engine. A weight whose row counts chose different
+    engines keeps a pack for each (a quarter of its f32 size apiece) rather than repacking per call."""
     owners = (weight,) if bias is None else (weight, bias)
-    hit = WEIGHTS.get("int8", owners)
-    if hit is None or hit[0] != kernel:
-        WEIGHTS.pop("int8", owners)
-        hit = WEIGHTS.put("int8", owners, (kernel, _quantize(weight, bias, INT8_KERNELS[kernel])))
-    return hit[1]
+    return WEIGHTS.get_or_make("int8", owners, lambda: _quantize(weight, bias, INT8_KERNELS[kernel]), kernel)
 
 
 def _quantize(weight: torch.Tensor, bias: torch.Tensor | None, engine: str) -> Any:
