@@ -9,6 +9,7 @@ from transformers import SamConfig, SamModel
 import kestrel
 from kestrel.cli.main import main
 from kestrel.kernels import calibration as calibrate
+from kestrel.kernels import gemm
 from kestrel.runtime.examples import entry_names, example_inputs
 from reference import rel_diff
 
@@ -25,7 +26,6 @@ def test_doctor_prints_rates_and_the_choice_per_shape(vit_dir, capsys):
     out = capsys.readouterr().out
     assert calibrate.cpu_model() in out and "1 thread(s): torch" in out
     assert "680x192x64+b" in out and "chosen" in out  # the fused q/k/v GEMM at 40 x 17 rows
-    from kestrel.kernels import gemm
     if gemm.int8_available():  # each int8 kernel, with the quantized engine it runs under
         assert f"int8 kernels: int8 (quantized engine {torch.backends.quantized.engine})" in out
     files = list(calibrate.cache_dir().glob("*.json"))
