@@ -5,7 +5,9 @@ For each model (a row of REGISTRY) the script builds the transformers model from
 with random weights (``torch.manual_seed(0)``), saves it with ``save_pretrained`` to a temporary
 directory, and times, on that one checkpoint and the same seeded inputs:
 
-    kestrel          Kestrel eager (``kestrel.load(dir).<entry>``)
+    kestrel          Kestrel (``kestrel.load(dir).<entry>``): eager, or onnxruntime on Kestrel's own export
+                     where the row's race (``kestrel doctor --onnxruntime``, not timed) found it at least
+                     2% faster; KESTREL_ONNXRUNTIME=0 skips the race
     kestrel-compile  ``kestrel.load(dir, compile=True)``: the entry under ``torch.compile`` (static
                      shapes, inductor freezing), raced against eager at the first call, the faster kept
     hf               transformers eager (its default attention, sdpa)
@@ -548,6 +550,16 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
                 res["calibration"] = calibrate.calibrate_model(lambda: entry(*inputs))
             res["calibrate_s"] = time.perf_counter() - t
             res["calibration_file"] = str(calibrate.table().path)
+            if variant == "kestrel":  # the entry against its own onnxruntime export, as `doctor --onnxruntime`
+                from kestrel.export.onnxruntime_race import race_entry
+
+                t = time.perf_counter()
+                from kestrel.runtime.race import call_signature
+
+                res["onnxruntime_race"] = race_entry(model, spec.entry, inputs)
+                res["onnxruntime_signature"] = call_signature(inputs, {})
+                res["onnxruntime_race_s"] = time.perf_counter() - t
+                entry = getattr(model, spec.entry)  # the raced entry: onnxruntime where it won
     elif variant in ("hf", "hf-compile"):
         model = spec.reference_class().from_pretrained(job["checkpoint"]).eval()
         res["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
@@ -807,6 +819,13 @@ def print_case(case: Case, args: argparse.Namespace, peak: float, hw_peak: float
             print(f"kernels chosen for {LABELS[r['variant']]}, batch {r['batch']} ({r.get('calibrate_s', 0):.1f} s to "
                   f"calibrate or read {r.get('calibration_file')}):")
             print("\n".join(format_choices(r["calibration"])))
+    for r in case.rows:
+        if r.get("onnxruntime_race"):
+            from kestrel.export.onnxruntime_race import format_result
+
+            print(f"kestrel eager, batch {r['batch']}, raced against onnxruntime "
+                  f"({r.get('onnxruntime_race_s', 0):.1f} s, export included):")
+            print(format_result(REGISTRY[case.model].entry, r.get("onnxruntime_signature", ""), r["onnxruntime_race"]))
     for r in case.rows:
         for entry, chosen in (r.get("compile_choices") or {}).items():
             for signature, c in chosen.items():

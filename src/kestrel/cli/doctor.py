@@ -19,6 +19,7 @@ from .options import Choice, Command, IntList, ModelRef, Option, PositiveInt, Te
 DOCTOR_EPILOG = """examples:
   kestrel doctor                          machine, libraries, f32 GEMM rate of every kernel at 1..cores threads
   kestrel doctor --model DIR --batch 8    also calibrate every GEMM shape that model uses at batch 8
+  kestrel doctor --model DIR --onnxruntime   and race the entry against its onnxruntime export (kept if faster)
   kestrel doctor --reset                  forget every cached choice (they are measured again at next use)
 """
 
@@ -201,6 +202,19 @@ def _calibrate_model(args: argparse.Namespace) -> None:
     print(f"\n{model.loaded.name}.{entry} at batch {args.batch}, {torch.get_num_threads()} thread(s): "
           f"{len(rows)} GEMM shapes ({time.perf_counter() - t:.1f} s, measuring included)")
     print("\n".join(calibrate.format_choices(rows)))
+    if args.onnxruntime:
+        _race_onnxruntime(model, entry, inputs)
+
+
+def _race_onnxruntime(model: Any, entry: str, inputs: tuple[torch.Tensor, ...]) -> None:
+    from ..export.onnxruntime_race import format_result, race_entry
+    from ..runtime.race import call_signature
+
+    t = time.perf_counter()
+    result = race_entry(model, entry, inputs, progress=lambda msg: print(f"  {msg}", flush=True))
+    print(f"\n{model.loaded.name}.{entry} eager against its onnxruntime export ({time.perf_counter() - t:.1f} s, "
+          "export included; recorded for this machine, KESTREL_ONNXRUNTIME=0 ignores it):")
+    print(format_result(entry, call_signature(inputs, {}), result))
 
 
 def _flops(call: Any) -> int:
@@ -322,6 +336,8 @@ register(Command(
         Option("--threads", Threads(), help="measure at this thread count only (default: 1 and all cores)"),
         Option("--size", PositiveInt(8192, what="a GEMM size"), default=1024,
                help="square GEMM size for the rates, 1 to 8192 (default 1024)"),
+        Option("--onnxruntime", help="with --model: also race the entry against its own ONNX export on onnxruntime "
+               "at this batch, and run it there from now on if that is faster (needs kestrel[export])"),
         Option("--reset", help="delete the cached choices and stop"),
     ]))
 

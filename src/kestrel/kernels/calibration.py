@@ -280,6 +280,11 @@ def format_choices(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
             chosen = f"{int(r['kernel']) >> 20} MB slices" if str(r.get("kernel", "")).isdigit() else "-"
             out.append(f"  {s:<34} {chosen}" + (f"  ({times})" if times else ""))
             continue
+        if s.startswith("onnxruntime "):  # a whole entry at one signature: eager or its onnxruntime program
+            times = ", ".join(f"{c} {t:.4g} s" for c, t in r.get("seconds", {}).items())
+            why = r.get("rejected") or times
+            out.append(f"  {s}: {r.get('kernel', 'eager')}" + (f"  ({why})" if why else ""))
+            continue
         if s.startswith("int8 "):  # int8 raced against this shape's f32 kernel
             rates = ", ".join(f"{nm} {v:.1f}" for nm, v in r.get("gflops", {}).items())
             out.append(f"  {s:<27} {r['kernel']:<11}" + (f"  ({rates} GFLOP/s)" if rates else ""))

@@ -12,6 +12,8 @@ value Kestrel cannot use is a :class:`SettingError` naming the variable, the val
 ``KESTREL_ATTENTION_BUDGET``   bytes of attention scores per slice (else measured per shape)
 ``KESTREL_MALLOC=system``      leave glibc's allocator thresholds as they are
 ``KESTREL_COMPILED=always``    compiled entries skip the race against eager
+``KESTREL_ONNXRUNTIME``        ``0``: entries never run on onnxruntime (the table's choices ignored, no race);
+                               ``always``: a race keeps onnxruntime whenever it is accurate, faster or not
 ``KESTREL_CACHE_DIR``          Kestrel's cache folder (else ``$XDG_CACHE_HOME/kestrel``, ``~/.cache/kestrel``)
 ``KESTREL_MAX_PIXELS``         the pixel limit of a decoded image and of every resize target
 ``KESTREL_HUB_TIMEOUT``        seconds for the one try to reach the Hub (default 5)
@@ -74,6 +76,20 @@ def system_malloc() -> bool:
 def compiled_always() -> bool:
     """``KESTREL_COMPILED=always``: compiled entries run compiled without racing eager."""
     return os.environ.get("KESTREL_COMPILED", "") == "always"
+
+
+ONNXRUNTIME_MODES = ("auto", "0", "always")
+
+
+def onnxruntime_entries() -> str:
+    """``KESTREL_ONNXRUNTIME``: ``auto`` (default: an entry runs on onnxruntime where a race chose it), ``0``
+    (never) or ``always`` (a race chooses onnxruntime whenever its outputs are accurate)."""
+    value = _raw("KESTREL_ONNXRUNTIME").lower() or "auto"
+    if value in ("1", "on"):
+        value = "auto"
+    if value not in ONNXRUNTIME_MODES:
+        raise SettingError(f"KESTREL_ONNXRUNTIME={value!r}: expected 0 (off), auto (the default) or always")
+    return value
 
 
 def debug() -> bool:

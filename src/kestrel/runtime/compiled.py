@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,8 +24,8 @@ import torch
 from ..blocks import Block
 from ..blocks.block import check_entry_inputs
 from ..kernels import settings
-from ..types.dtypes import from_torch
 from .examples import entry_names
+from .race import best_times, call_signature
 
 TRIALS = 2  # timed calls of each path after compiling (the best of each is compared)
 _INSIDE_EAGER = threading.local()  # an eager entry calling another entry stays eager
@@ -44,29 +43,10 @@ def _eager_call(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """What a static-shape graph is specialised on: each tensor's shape and dtype, other values as given."""
-    def one(v: Any) -> str:
-        if isinstance(v, torch.Tensor):
-            try:
-                dtype = str(from_torch(v.dtype))
-            except TypeError:
-                dtype = str(v.dtype).removeprefix("torch.")
-            return f"{dtype}{list(v.shape)}"
-        return repr(v)
-    return ", ".join([*(one(a) for a in args), *(f"{k}={one(v)}" for k, v in sorted(kwargs.items()))])
-
-
 def race(compiled: Callable[..., Any], eager: Callable[..., Any], args: tuple[Any, ...],
          kwargs: dict[str, Any], trials: int = TRIALS) -> dict[str, Any]:
     """Time both paths on these inputs, interleaved; the faster one's name and every best time (s)."""
-    best = {"compiled": float("inf"), "eager": float("inf")}
-    paths = {"compiled": compiled, "eager": eager}
-    for r in range(trials):
-        for name in (("compiled", "eager") if r % 2 == 0 else ("eager", "compiled")):
-            t = time.perf_counter()
-            paths[name](*args, **kwargs)
-            best[name] = min(best[name], time.perf_counter() - t)
+    best = best_times({"compiled": compiled, "eager": eager}, args, kwargs, trials)
     path = "compiled" if best["compiled"] <= best["eager"] else "eager"
     return {"path": path, "compiled_s": round(best["compiled"], 6), "eager_s": round(best["eager"], 6)}
 
@@ -87,7 +67,7 @@ def compile_entries(model: Block, freezing: bool = True) -> Block:
             if torch.compiler.is_compiling() or getattr(_INSIDE_EAGER, "on", False):
                 return _eager(*args, **kwargs)  # an entry calling another: inline it in the caller's path
             check_entry_inputs(model, type(model).decl().function(_eager.__name__), args, kwargs)
-            key = _signature(args, kwargs)
+            key = call_signature(args, kwargs)
             with torch.no_grad():
                 choice = _chosen.get(key)
                 if choice is None:

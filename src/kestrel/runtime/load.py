@@ -26,6 +26,7 @@ from ..models.cards import CARDS, FAMILIES, Card, CardError, Family, family_for_
 from ..types.dtypes import DType, dtype_named, from_torch
 from .checkpoint import CheckpointError, Expected, load_tensors, plan_load, read_headers, safetensors_dtype
 from .hub import fetch
+from .onnxruntime_entries import attach as attach_onnxruntime
 from .sizes import override_problem
 
 # an entry in whose call a calibration measured something hands the freed pages back when it returns
@@ -137,7 +138,9 @@ def load(name_or_dir: str | os.PathLike[str], *, weights: str | os.PathLike[str]
     The returned module's entries are its methods (``forward``, ``features``...); ``model.loaded``
     says where it came from. ``compile=True`` wraps every entry in ``torch.compile`` (static shapes,
     inductor with weight freezing; see :mod:`kestrel.runtime.compiled`). ``quantize="int8"`` runs every
-    ``Linear`` as int8 dynamic quantisation (opt-in, not exact: the README has its accuracy).
+    ``Linear`` as int8 dynamic quantisation (opt-in, not exact: the README has its accuracy). An f32 entry
+    that a race on this machine gave to onnxruntime runs there at the signatures it won
+    (:mod:`kestrel.runtime.onnxruntime_entries`; ``KESTREL_ONNXRUNTIME=0`` turns that off).
     """
     if quantize not in (None, "int8"):
         raise CardError(f"quantize={quantize!r}: the only quantisation is 'int8' (or None for none)")
@@ -165,6 +168,7 @@ def load(name_or_dir: str | os.PathLike[str], *, weights: str | os.PathLike[str]
         from .compiled import compile_entries
 
         compile_entries(model)
+    attach_onnxruntime(model)  # entries a race on this machine gave to onnxruntime (none unless raced)
     return model
 
 
