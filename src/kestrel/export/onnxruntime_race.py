@@ -16,6 +16,7 @@ later load on this machine.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ import torch
 
 from ..blocks import Block
 from ..kernels import calibration, settings
+from ..kernels.allocator import release_free_memory
 from ..runtime import onnxruntime_entries as backend
 from ..runtime.race import best_times, call_signature
 from .onnx import export_onnx
@@ -76,7 +78,11 @@ def race_entry(model: Block, entry: str, inputs: tuple[torch.Tensor, ...], *, tr
             if mode == "always" or best[backend.KERNEL] < best["eager"] * (1 - MARGIN):
                 result["kernel"] = backend.KERNEL
     calibration.table().put_entry(backend.decision_key(model, entry, call_signature(inputs, {})), result)
-    backend.wrap(model, entry)  # this process follows the new decision too
+    # this process follows the new decision too; a program that lost is dropped with its copy of the weights
+    backend.wrap(model, entry, program if result["kernel"] == backend.KERNEL else None)
+    del program
+    gc.collect()
+    release_free_memory()
     return result
 
 

@@ -101,12 +101,13 @@ def _plain_tensors(args: tuple[Any, ...]) -> bool:
     return all(type(a) is torch.Tensor and not a.requires_grad for a in args)
 
 
-def wrap(model: Block, entry: str) -> None:
+def wrap(model: Block, entry: str, program: Any = None) -> None:
     """Replace ``model.<entry>`` (on the instance) with a call that runs onnxruntime for the signatures the
-    table chose it for, eager for the others. Idempotent; the decisions are read again after :func:`forget`."""
+    table chose it for, eager for the others; ``program``: the entry's program, if already loaded (else it is
+    loaded at the first call that needs it). Wrapping again starts over from the table."""
     eager: Callable[..., Any] = getattr(type(model), entry).__get__(model)
     fn = type(model).decl().function(entry)
-    state: dict[str, Any] = {"decided": {}, "program": None}
+    state: dict[str, Any] = {"decided": {}, "program": program}
 
     @functools.wraps(eager)
     def call(*args: Any, **kwargs: Any) -> Any:
