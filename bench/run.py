@@ -550,16 +550,9 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
                 res["calibration"] = calibrate.calibrate_model(lambda: entry(*inputs))
             res["calibrate_s"] = time.perf_counter() - t
             res["calibration_file"] = str(calibrate.table().path)
-            if variant == "kestrel":  # the entry against its own onnxruntime export, as `doctor --onnxruntime`
-                from kestrel.export.onnxruntime_race import race_entry
+            from kestrel.runtime.onnxruntime_entries import runs_on
 
-                t = time.perf_counter()
-                from kestrel.runtime.race import call_signature
-
-                res["onnxruntime_race"] = race_entry(model, spec.entry, inputs)
-                res["onnxruntime_signature"] = call_signature(inputs, {})
-                res["onnxruntime_race_s"] = time.perf_counter() - t
-                entry = getattr(model, spec.entry)  # the raced entry: onnxruntime where it won
+            res["backend"] = runs_on(model, spec.entry, *inputs)  # onnxruntime where this machine's race chose it
     elif variant in ("hf", "hf-compile"):
         model = spec.reference_class().from_pretrained(job["checkpoint"]).eval()
         res["attn_implementation"] = getattr(model.config, "_attn_implementation", None)
@@ -709,10 +702,35 @@ def export_job(job: dict[str, Any]) -> dict[str, Any]:
     return {"onnx": str(path), "export_s": time.perf_counter() - t}
 
 
+def race_job(job: dict[str, Any]) -> dict[str, Any]:
+    """Race the entry against its onnxruntime export at the job's batch, as ``kestrel doctor --model DIR
+    --onnxruntime`` does, in a process of its own: the Kestrel rows after it follow the recorded choice, and
+    the losing session's memory is not in their peak."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(job["threads"])
+    import kestrel
+    from kestrel.export.onnxruntime_race import race_entry
+    from kestrel.kernels import calibration as calibrate
+    from kestrel.runtime.race import call_signature
+
+    spec = REGISTRY[job["model"]]
+    cfg = spec.config(job["size"])
+    model = kestrel.load(job["checkpoint"], **spec.load_kwargs(cfg, job["image"]))
+    inputs = spec.inputs(cfg, job["image"], job["batch"])
+    with torch.no_grad():
+        calibrate.calibrate_model(lambda: getattr(model, spec.entry)(*inputs))
+    t = time.perf_counter()
+    result = race_entry(model, spec.entry, inputs)
+    return {"onnxruntime_race": result, "onnxruntime_signature": call_signature(inputs, {}),
+            "onnxruntime_race_s": time.perf_counter() - t}
+
+
 def run_export_from_argv(arg: str) -> int:
     job = json.loads(arg)
     try:
-        res = export_job(job)
+        res = race_job(job) if job.get("race") else export_job(job)
     except Exception as e:
         res = {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"}
     print(RESULT_MARK + json.dumps(res), flush=True)
@@ -823,8 +841,8 @@ def print_case(case: Case, args: argparse.Namespace, peak: float, hw_peak: float
         if r.get("onnxruntime_race"):
             from kestrel.export.onnxruntime_race import format_result
 
-            print(f"kestrel eager, batch {r['batch']}, raced against onnxruntime "
-                  f"({r.get('onnxruntime_race_s', 0):.1f} s, export included):")
+            print(f"kestrel, batch {r['batch']}, raced against onnxruntime "
+                  f"({r.get('onnxruntime_race_s', 0):.1f} s, export included); the row ran {r.get('backend', '?')}:")
             print(format_result(REGISTRY[case.model].entry, r.get("onnxruntime_signature", ""), r["onnxruntime_race"]))
     for r in case.rows:
         for entry, chosen in (r.get("compile_choices") or {}).items():
@@ -928,6 +946,11 @@ def main(argv: list[str] | None = None) -> int:
                     exp = run_subprocess_export(common | {"out": str(tmpdir / f"onnx-{case.name}")}, args.row_timeout)
                     case.onnx, case.onnx_error, case.export_s = exp.get("onnx"), exp.get("error"), exp.get("export_s")
                 for b in case_batches:
+                    race: dict[str, Any] = {}
+                    if "kestrel" in variants:  # eager or onnxruntime, chosen here before the rows (not timed)
+                        race = run_subprocess_export(common | {"race": True, "batch": b}, args.row_timeout)
+                        print(f"  {case.name} kestrel race      batch {b}: "
+                              f"{race.get('error') or race['onnxruntime_race']['kernel']}", flush=True)
                     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
                     for r in range(args.rounds):  # rounds alternate the order: no variant always goes first
                         for v in (variants if r % 2 == 0 else variants[::-1]):
@@ -948,7 +971,8 @@ def main(argv: list[str] | None = None) -> int:
                             status = row.get("error") or f"{row['median']:.3f} s"
                             print(f"  {case.name} {v:<16} batch {b}: {status}", flush=True)
                     for v in variants:
-                        case.rows.append(merge_rounds(runs[v]) | {"variant": v, "batch": b})
+                        case.rows.append(merge_rounds(runs[v]) | {"variant": v, "batch": b}
+                                         | (race if v == "kestrel" and "error" not in race else {}))
                 _compare(case, tmpdir)
                 cases.append(case)
                 print("\n(interim, % against the GEMM peaks measured at the start)", flush=True)

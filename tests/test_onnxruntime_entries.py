@@ -115,3 +115,8 @@ def test_doctor_races_the_entry_and_prints_the_choice(small_vit, own_calibration
     assert "forward f32[1, 3, 32, 32]: " in out and "largest difference" in out
     assert main(["doctor", "--threads", "1", "--size", "64"]) == 0
     assert "onnxruntime vit::Model@" in capsys.readouterr().out  # the cached choices list it
+    assert main(["doctor", "--reset"]) == 0
+    assert "removed 1 cached onnxruntime program(s)" in capsys.readouterr().out
+    assert not backend.remove_programs()
+    assert main(["doctor", "--onnxruntime"]) == 2
+    assert "--onnxruntime races a model's entry: give the model with --model" in capsys.readouterr().err

@@ -92,9 +92,16 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from ..kernels import library, settings
 
     if args.reset:
+        from ..runtime.onnxruntime_entries import remove_programs
+
         gone = calibrate.reset()
         print(f"removed {len(gone)} cached calibration file(s) from {calibrate.cache_dir()}")
+        programs = remove_programs()
+        if programs:
+            print(f"removed {len(programs)} cached onnxruntime program(s) from {settings.cache_dir('onnxruntime')}")
         return 0
+    if args.onnxruntime and not args.model:
+        raise UsageError("--onnxruntime races a model's entry: give the model with --model NAME|DIR")
     cores = physical_cores()
     print(f"machine: {calibrate.cpu_model()} ({os.cpu_count()} logical CPUs, {cores} physical cores)")
     print(f"  instruction sets: {' '.join(calibrate.cpu_flags()) or '?'}")

@@ -17,6 +17,7 @@ later load on this machine.
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,8 +33,9 @@ from .onnx import export_onnx
 
 REL_TOLERANCE = 1e-5  # of the largest eager output value: the f32 contract of every fast path that claims f32
 MARGIN = 0.02  # onnxruntime must be this much faster to be chosen
-TRIALS = 5
-CALLS = 2  # calls of a path in a row per round (the last timed): onnxruntime's threads spin after a call
+TRIALS = 5  # rounds at most; fewer where they would take over BUDGET_S (two at least)
+BUDGET_S = 20.0
+CALLS = 3  # calls of a path in a row per round (the last timed): each runtime's threads spin after a call
 
 
 def _worst_relative(want: Any, got: Any) -> float:
@@ -68,12 +70,17 @@ def race_entry(model: Block, entry: str, inputs: tuple[torch.Tensor, ...], *, tr
     program = backend.load_program(path)
     eager = getattr(type(model), entry).__get__(model)
     with torch.inference_mode():
-        rel = _worst_relative(eager(*inputs), program(*inputs))
+        started = time.perf_counter()
+        want = eager(*inputs)
+        call_s = time.perf_counter() - started
+        rel = _worst_relative(want, program(*inputs))
+        del want
         result: dict[str, Any] = {"kernel": "eager", "rel_diff": float(f"{rel:.3g}"), "file": str(path)}
         if rel > REL_TOLERANCE:
             result["rejected"] = f"onnxruntime differs from eager by {rel:.2e} of the largest value"
         else:
-            best = best_times({"eager": eager, backend.KERNEL: program}, inputs, {}, trials, calls=CALLS)
+            rounds = max(2, min(trials, int(BUDGET_S / (2 * CALLS * call_s + 1e-9))))  # long calls: fewer rounds
+            best = best_times({"eager": eager, backend.KERNEL: program}, inputs, {}, rounds, calls=CALLS)
             result["seconds"] = {k: round(v, 6) for k, v in best.items()}
             if mode == "always" or best[backend.KERNEL] < best["eager"] * (1 - MARGIN):
                 result["kernel"] = backend.KERNEL

@@ -20,6 +20,7 @@ import functools
 import hashlib
 import importlib.util
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -142,6 +143,15 @@ def load_program(path: Path) -> Any:
     return load(path, threads=torch.get_num_threads())
 
 
+def remove_programs() -> list[Path]:
+    """Delete every cached program (``kestrel doctor --reset``); returns the ``.onnx`` files removed."""
+    root = settings.cache_dir("onnxruntime")
+    gone = sorted(root.glob("*/*/*.onnx")) if root.is_dir() else []
+    if root.is_dir():
+        shutil.rmtree(root, ignore_errors=True)
+    return gone
+
+
 def runs_on(model: Block, entry: str, *args: torch.Tensor) -> str:
     """Which backend a call of ``model.<entry>(*args)`` takes now: ``onnxruntime`` or ``eager``."""
     state = getattr(getattr(model, entry), "onnxruntime_state", None)
@@ -153,4 +163,5 @@ def runs_on(model: Block, entry: str, *args: torch.Tensor) -> str:
     return state["decided"].get(signature) or _table_choice(model, entry, signature)
 
 
-__all__ = ["KERNEL", "attach", "chosen_signatures", "decision_key", "ineligible", "program_path", "runs_on", "wrap"]
+__all__ = ["KERNEL", "attach", "chosen_signatures", "decision_key", "ineligible", "program_path", "remove_programs",
+           "runs_on", "wrap"]
