@@ -122,7 +122,11 @@ def test_benchmarks_come_from_the_committed_results_with_where_and_when() -> Non
     vit = bench_charts(runs, "vit")
     assert "transformers eager" in vit and "onnxruntime" in vit and "Peak MB" in vit
     assert bench_charts(runs, "no-such-family") == ""
-
+    raced = {"cases": [{"model": "vit", "case": "vit@224", "rows": [
+        {"variant": "kestrel", "batch": 1, "median": 0.2, "backend": "onnxruntime"},
+        {"variant": "kestrel", "batch": 8, "median": 1.5, "backend": "eager"}]}]}
+    html = bench_charts(raced, "vit")
+    assert html.count("Kestrel (onnxruntime, raced)") == 2 and html.count("Kestrel eager") == 2  # bar + table row
 
 
 @needs_dot

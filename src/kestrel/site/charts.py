@@ -19,6 +19,13 @@ LABELS = {"kestrel": "Kestrel eager", "kestrel-compile": "Kestrel compiled", "hf
 ORDER = list(LABELS)
 
 
+def _label(variant: str, row: dict[str, Any]) -> str:
+    """A row's name; a Kestrel row whose entry ran on onnxruntime (its race chose it) says so."""
+    if variant == "kestrel" and row.get("backend") == "onnxruntime":
+        return "Kestrel (onnxruntime, raced)"
+    return LABELS.get(variant, variant)
+
+
 def _cases_for(results: dict[str, Any], family: str) -> list[dict[str, Any]]:
     """The result cases measured on this family (``siglip-text`` belongs to ``siglip``)."""
     return [c for c in results.get("cases", [])
@@ -122,13 +129,13 @@ def _case_chart(case: dict[str, Any]) -> str:
             if top / r["median"] > 50:  # a bar too short to see beside the longest: say so
                 ratio += f"  ({top / r['median']:.0f}x faster than the slowest)"
             svg.append(f'<text x="{label_w - 6}" y="{y + 13}" text-anchor="end" class="bc-label">'
-                       f"{escape(LABELS.get(v, v))}</text>")
+                       f"{escape(_label(v, r))}</text>")
             svg.append(f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar_h}" class="bc-bar bc-{v}"/>')
             svg.append(f'<text x="{label_w + w + 6:.1f}" y="{y + 13}" class="bc-value">'
                        f"{r['median']:.3g} s{escape(ratio)}</text>")
             vs = f"{r['median'] / ref:.2f}x" if ref else "-"
             mem = f"{r['peak_mb']:.0f}" if isinstance(r.get("peak_mb"), int | float) else "-"
-            table.append(f"<tr><td>{b}</td><td>{escape(LABELS.get(v, v))}</td><td>{r['median']:.4g}</td>"
+            table.append(f"<tr><td>{b}</td><td>{escape(_label(v, r))}</td><td>{r['median']:.4g}</td>"
                          f"<td>{vs}</td><td>{mem}</td></tr>")
             y += bar_h + 4
         y += gap
