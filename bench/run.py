@@ -7,7 +7,7 @@ directory, and times, on that one checkpoint and the same seeded inputs:
 
     kestrel          Kestrel (``kestrel.load(dir).<entry>``): eager, or onnxruntime on Kestrel's own export
                      where the row's race (``kestrel doctor --onnxruntime``, not timed) found it at least
-                     2% faster; KESTREL_ONNXRUNTIME=0 skips the race
+                     5% faster; KESTREL_ONNXRUNTIME=0 skips the race
     kestrel-compile  ``kestrel.load(dir, compile=True)``: the entry under ``torch.compile`` (static
                      shapes, inductor freezing), raced against eager at the first call, the faster kept
     hf               transformers eager (its default attention, sdpa)

@@ -56,6 +56,9 @@ def test_a_race_records_its_choice_and_a_later_load_follows_it(small_vit, own_ca
         assert out.shape == want.shape
         assert float((out - want).abs().max()) <= race.REL_TOLERANCE * float(want.abs().max())
     assert again.forward.onnxruntime_state["program"] is not None  # batch 1 did run the program
+    again.requires_grad_(True)  # training: gradients need eager
+    assert again.forward(*x).grad_fn is not None
+    again.requires_grad_(False)
 
     with pytest.raises(EntryError) as on_ort:  # the declared types are checked before onnxruntime runs
         again.forward(torch.randn(1, 3, 31, 32))

@@ -98,8 +98,9 @@ def attach(model: Block) -> list[str]:
 
 
 def _plain_tensors(args: tuple[Any, ...]) -> bool:
-    # traced, exported and compiled calls see tensor subclasses (fake, functional): those stay eager
-    return all(type(a) is torch.Tensor and not a.requires_grad for a in args)
+    # traced, exported and compiled calls see tensor subclasses (fake, functional), a model moved to a device
+    # sees tensors there, and autograd wants a graph: all of those stay eager
+    return all(type(a) is torch.Tensor and a.device.type == "cpu" and not a.requires_grad for a in args)
 
 
 def wrap(model: Block, entry: str, program: Any = None) -> None:
@@ -118,8 +119,8 @@ def wrap(model: Block, entry: str, program: Any = None) -> None:
         choice = state["decided"].get(signature)
         if choice is None:
             choice = state["decided"][signature] = _table_choice(model, entry, signature)
-        if choice != KERNEL:
-            return eager(*args)
+        if choice != KERNEL or (torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters())):
+            return eager(*args)  # not chosen here, or a model being trained: its gradients need eager
         check_entry_inputs(model, fn, args, kwargs)  # the same errors as eager, before onnxruntime sees them
         if state["program"] is None:
             state["program"] = load_program(program_path(model, entry))
