@@ -17,11 +17,13 @@ DOT text and runs ``dot`` on it.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import re
 import shutil
 import subprocess
 import textwrap
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from html import escape, unescape
@@ -274,11 +276,26 @@ def _returned_names(fn: FnDecl, decl: BlockDecl | None, count: int, depth: int) 
     return _names_in(getattr(fn.fn, "__wrapped__", fn.fn), decl, count, depth)
 
 
+# CPython 3.11 (before 3.11.8) can fail ast.parse run in two threads at once ("AST constructor recursion depth
+# mismatch", python/cpython#106905), and the site draws its graphs in a thread pool: one parse at a time
+_PARSE_LOCK = threading.Lock()
+
+
+@functools.cache
+def _source_tree(func: object) -> ast.Module | None:
+    """The parsed source of a function, or None where it has none."""
+    try:
+        source = textwrap.dedent(inspect.getsource(func))  # type: ignore[arg-type]
+        with _PARSE_LOCK:
+            return ast.parse(source)
+    except (OSError, TypeError, SyntaxError):
+        return None
+
+
 def _names_in(func: object, decl: BlockDecl | None, count: int, depth: int) -> list[str | None]:
     none: list[str | None] = [None] * count
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(func)))  # type: ignore[arg-type]
-    except (OSError, TypeError, SyntaxError):
+    tree = _source_tree(func)
+    if tree is None:
         return none
     if not tree.body or not isinstance(tree.body[0], ast.FunctionDef | ast.AsyncFunctionDef):
         return none

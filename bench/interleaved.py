@@ -1,0 +1,130 @@
+"""Kestrel beside transformers and onnxruntime in one process, call by call: ratios the machine's drift
+cannot skew.
+
+``bench/run.py`` gives every row its own process, which keeps each row's memory its own, but on a
+virtual machine whose speed drifts between minutes two rows measured minutes apart can differ by
+30-40% for reasons that are not theirs. Here one process per model and batch loads all three:
+
+    kestrel   Kestrel eager (``kestrel.load(dir).<entry>``, its GEMM shapes calibrated first)
+    hf        transformers eager, the same checkpoint (random weights from the real config, seed 0)
+    onnx      onnxruntime on Kestrel's ONNX export (dynamic batch), what a race of
+              ``kestrel doctor --onnxruntime`` would choose where it is faster
+
+Each round runs every path in turn (the order rotates every round), each twice in a row with the
+second call timed: a runtime's threads spin for a while after a call and slow the next call of
+another. The medians of the timed calls are compared. No memory figures: the paths share a process.
+
+    python bench/interleaved.py --models vit,dinov2,siglip,siglip-text,sam-decode --rounds 7 --out r.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run import REGISTRY, OtherLoad, cpu_name, export_job, physical_cores, save_checkpoint
+
+MODELS = "vit,dinov2,siglip,siglip-text,sam-decode"  # the rows of run.py --quick
+
+
+def _paths(spec: Any, cfg: Any, ckpt: Path, image: int, batch: int, onnx_path: str,
+           threads: int) -> dict[str, Callable[[], Any]]:
+    import onnxruntime as ort
+
+    import kestrel
+    from kestrel.kernels import calibration
+
+    inputs = spec.inputs(cfg, image, batch)
+    model = kestrel.load(ckpt, **spec.load_kwargs(cfg, image))
+    entry = getattr(type(model), spec.entry).__get__(model)  # eager, whatever a race recorded
+    with torch.no_grad():
+        calibration.calibrate_model(lambda: entry(*inputs))
+    reference = spec.reference_class().from_pretrained(ckpt).eval()
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    session = ort.InferenceSession(onnx_path, opts, providers=["CPUExecutionProvider"])
+    feeds = dict(zip([i.name for i in session.get_inputs()], (x.numpy() for x in inputs)))
+    return {"kestrel": lambda: entry(*inputs), "hf": lambda: spec.reference_output(reference, inputs),
+            "onnx": lambda: session.run(None, feeds)}
+
+
+def measure(paths: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+    """Timed calls per path: every round runs each path twice in a row, the second timed."""
+    names = list(paths)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    with torch.inference_mode():
+        for fn in paths.values():
+            fn()  # warm-up
+        for r in range(rounds):
+            shift = r % len(names)
+            for name in names[shift:] + names[:shift]:
+                paths[name]()
+                t = time.perf_counter()
+                paths[name]()
+                times[name].append(time.perf_counter() - t)
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--models", default=MODELS, help=f"comma-separated rows of bench/run.py (default {MODELS})")
+    parser.add_argument("--batch", default="1,8", help="comma-separated batches (default 1,8)")
+    parser.add_argument("--rounds", type=int, default=7, help="timed calls per path (default 7)")
+    parser.add_argument("--threads", type=int, default=physical_cores(), help="default: the physical cores")
+    parser.add_argument("--out", help="write the results as JSON here")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(args.threads)
+    batches = [int(b) for b in args.batch.split(",")]
+    results: dict[str, Any] = {"kind": "interleaved", "machine": {"cpu": cpu_name(), "threads": args.threads},
+                               "versions": {"torch": torch.__version__}, "rounds": args.rounds, "rows": []}
+    print(f"{cpu_name()}, {args.threads} threads; median of {args.rounds} timed calls per path, interleaved")
+    print(f"{'row':<18} {'batch':>5} {'kestrel s':>10} {'hf s':>9} {'onnx s':>9} {'K / HF':>7} {'K / ORT':>8} "
+          f"{'others':>7}")
+    with tempfile.TemporaryDirectory(prefix="kestrel-interleaved-") as tmp:
+        for m in args.models.split(","):
+            spec = REGISTRY[m]
+            ckpt = Path(tmp) / m
+            cfg, _ = save_checkpoint(spec, "full", ckpt)
+            images = spec.images("full")
+            for image in images:
+                big = len(images) > 1 and image == max(images)  # as run.py --quick: the large image at batch 1
+                job = {"model": m, "size": "full", "image": image, "checkpoint": str(ckpt), "threads": args.threads,
+                       "out": str(Path(tmp) / f"onnx-{m}-{image}")}
+                onnx_path = export_job(job)["onnx"]
+                for b in ([min(batches)] if big else batches):
+                    if b > spec.max_batch:
+                        continue
+                    paths = _paths(spec, cfg, ckpt, image, b, onnx_path, args.threads)
+                    with OtherLoad() as load:
+                        times = measure(paths, args.rounds)
+                    med = {n: statistics.median(t) for n, t in times.items()}
+                    row = {"model": m, "image": image, "batch": b, "median": med, "times": times,
+                           "other_load": load.share}
+                    results["rows"].append(row)
+                    others = "?" if load.share is None else f"{100 * load.share:.0f}%"
+                    print(f"{m + '@' + str(image):<18} {b:>5} {med['kestrel']:>10.4f} {med['hf']:>9.4f} "
+                          f"{med['onnx']:>9.4f} {med['kestrel'] / med['hf']:>6.2f}x "
+                          f"{med['kestrel'] / med['onnx']:>7.2f}x {others:>7}", flush=True)
+                    del paths
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
