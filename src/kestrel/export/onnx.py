@@ -386,16 +386,24 @@ def verify_program(path: Path, sig: Signature, reference: Callable[..., Any], tr
                 raise ExportError(f"{sig.qualname} ({path.name}) at {shown}: output {port.name} has shape "
                                   f"{tuple(g.shape)}, declared {port.type} = {list(shape)}: the exported program "
                                   "does not follow the declared expressions")
-            ref = w.detach().to(torch.float64).numpy()
-            diff = float(np.abs(np.asarray(g, dtype=np.float64) - ref).max()) if ref.size else 0.0
-            scale = float(np.abs(ref).max()) if ref.size else 0.0
-            rel = diff / scale if scale > 0 else diff
+            rel = relative_difference(g, w)
             if rel > REL_TOLERANCE:
                 raise ExportError(f"{sig.qualname} ({path.name}) at {shown}: output {port.name} differs from Kestrel "
                                   f"eager by {rel:.2e} of its largest value (tolerance {REL_TOLERANCE})")
             worst = max(worst, rel)
         rows.append({"binding": binding, "outputs": [list(map(int, g.shape)) for g in got], "worst_relative": worst})
     return rows
+
+
+def relative_difference(got: Any, want: torch.Tensor) -> float:
+    """``max |got - want| / max |want|`` in float64 (the difference itself where ``want`` is all zeros, 0 where
+    empty): how far an exported program's output is from Kestrel eager's."""
+    ref = want.detach().to(torch.float64).numpy()
+    if ref.size == 0:
+        return 0.0
+    diff = float(np.abs(np.asarray(got, dtype=np.float64) - ref).max())
+    scale = float(np.abs(ref).max())
+    return diff / scale if scale > 0 else diff
 
 
 def verification_bindings(sig: Signature, traced: dict[str, int], specs: Sequence[InputSpec]) -> list[dict[str, int]]:

@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..blocks import Block
@@ -29,7 +28,7 @@ from ..kernels import calibration, settings
 from ..kernels.allocator import release_free_memory
 from ..runtime import onnxruntime_entries as backend
 from ..runtime.race import best_times, call_signature
-from .onnx import export_onnx
+from .onnx import export_onnx, relative_difference
 
 REL_TOLERANCE = 1e-5  # of the largest eager output value: the f32 contract of every fast path that claims f32
 MARGIN = 0.05  # onnxruntime must be this much faster to be chosen: its session holds a second copy of the weights
@@ -41,15 +40,7 @@ CALLS = 3  # calls of a path in a row per round (the last timed): each runtime's
 def _worst_relative(want: Any, got: Any) -> float:
     want = list(want) if isinstance(want, (tuple, list)) else [want]
     got = list(got) if isinstance(got, (tuple, list)) else [got]
-    worst = 0.0
-    for w, g in zip(want, got, strict=True):
-        ref = w.detach().to(torch.float64).numpy()
-        if ref.size == 0:
-            continue
-        diff = float(np.abs(g.detach().to(torch.float64).numpy() - ref).max())
-        scale = float(np.abs(ref).max())
-        worst = max(worst, diff / scale if scale > 0 else diff)
-    return worst
+    return max((relative_difference(g, w) for w, g in zip(want, got, strict=True)), default=0.0)
 
 
 def race_entry(model: Block, entry: str, inputs: tuple[torch.Tensor, ...], *, trials: int = TRIALS,
@@ -97,8 +88,7 @@ def format_result(entry: str, signature: str, result: dict[str, Any]) -> str:
     """One line: the entry, its signature, the backend chosen and why."""
     if "skipped" in result:
         return f"  {entry} {signature}: eager (onnxruntime not raced: {result['skipped']})"
-    times = ", ".join(f"{k} {v:.4g} s" for k, v in result.get("seconds", {}).items())
-    why = result.get("rejected") or times
+    why = result.get("rejected") or calibration.format_seconds(result)
     return f"  {entry} {signature}: {result['kernel']} ({why}; largest difference {result['rel_diff']:.1e})"
 
 

@@ -265,6 +265,11 @@ def calibrate_model(call: Callable[[], Any]) -> list[tuple[str, dict[str, Any]]]
     return [(s, t.shapes.get(s, defaults.get(s[:5], unmeasured))) for s in recorder.seen]
 
 
+def format_seconds(entry: dict[str, Any]) -> str:
+    """A timed choice's candidates and their seconds (``fused 0.012 s, gemm 0.010 s``), "" when untimed."""
+    return ", ".join(f"{c} {t:.4g} s" for c, t in entry.get("seconds", {}).items())
+
+
 def format_choices(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """One line per shape: the chosen kernel and every candidate's measured rate."""
     names = list(library.KERNELS)
@@ -272,16 +277,16 @@ def format_choices(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
     out = [head]
     for s, r in rows:
         if s.startswith("sdpa "):  # plain attention: fused kernel or two GEMMs, seconds per candidate
-            times = ", ".join(f"{c} {t:.4g} s" for c, t in r.get("seconds", {}).items())
+            times = format_seconds(r)
             out.append(f"  {s:<34} {r.get('kernel', 'fused')}" + (f"  ({times})" if times else ""))
             continue
         if s.startswith("attention "):  # a slice budget: seconds per candidate
-            times = ", ".join(f"{c} {t:.4g} s" for c, t in r.get("seconds", {}).items())
+            times = format_seconds(r)
             chosen = f"{int(r['kernel']) >> 20} MB slices" if str(r.get("kernel", "")).isdigit() else "-"
             out.append(f"  {s:<34} {chosen}" + (f"  ({times})" if times else ""))
             continue
         if s.startswith("onnxruntime "):  # a whole entry at one signature: eager or its onnxruntime program
-            times = ", ".join(f"{c} {t:.4g} s" for c, t in r.get("seconds", {}).items())
+            times = format_seconds(r)
             why = r.get("rejected") or times
             out.append(f"  {s}: {r.get('kernel', 'eager')}" + (f"  ({why})" if why else ""))
             continue
