@@ -8,6 +8,7 @@ import torch
 
 import kestrel
 from kestrel.blocks import EntryError
+from kestrel.errors import KestrelWarning
 from kestrel.export import onnxruntime_race as race
 from kestrel.kernels import calibration
 from kestrel.kernels.settings import SettingError, onnxruntime_entries
@@ -65,6 +66,13 @@ def test_a_race_records_its_choice_and_a_later_load_follows_it(small_vit, own_ca
     with pytest.raises(EntryError) as on_eager:
         _eager(again, torch.randn(1, 3, 31, 32))
     assert str(on_ort.value) == str(on_eager.value)
+
+    program.write_bytes(b"not an onnx file")  # a corrupt cache: the call warns and runs eager
+    broken = kestrel.load(directory)
+    with pytest.warns(KestrelWarning, match="cannot be loaded"):
+        out = broken.forward(*x)
+    assert torch.equal(out, _eager(broken, *x))
+    assert race.race_entry(broken, "forward", x, trials=1)["rel_diff"] <= race.REL_TOLERANCE  # exported again
 
     from kestrel.export.onnx import export_onnx  # a traced call goes through the wrapper to eager
 

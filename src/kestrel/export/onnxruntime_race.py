@@ -56,9 +56,13 @@ def race_entry(model: Block, entry: str, inputs: tuple[torch.Tensor, ...], *, tr
     if why is not None:
         return {"kernel": "eager", "skipped": why}
     path = backend.program_path(model, entry)
-    if not path.is_file():
+    try:
+        program = backend.load_program(path) if path.is_file() else None
+    except Exception:  # a cache file onnxruntime cannot read (truncated, corrupt): exported again below
+        program = None
+    if program is None:
         export_onnx(model, path.parent, entries=[entry], progress=progress)
-    program = backend.load_program(path)
+        program = backend.load_program(path)
     eager = getattr(type(model), entry).__get__(model)
     with torch.inference_mode():
         started = time.perf_counter()

@@ -21,6 +21,7 @@ import hashlib
 import importlib.util
 import json
 import shutil
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ import torch
 
 from ..blocks import Block
 from ..blocks.block import check_entry_inputs
+from ..errors import KestrelWarning
 from ..kernels import calibration, settings
 from ..types.dtypes import DType
 from .examples import entry_names
@@ -123,7 +125,14 @@ def wrap(model: Block, entry: str, program: Any = None) -> None:
             return eager(*args)  # not chosen here, or a model being trained: its gradients need eager
         check_entry_inputs(model, fn, args, kwargs)  # the same errors as eager, before onnxruntime sees them
         if state["program"] is None:
-            state["program"] = load_program(program_path(model, entry))
+            try:
+                state["program"] = load_program(program_path(model, entry))
+            except Exception as e:  # a cache file that onnxruntime cannot read (truncated, corrupt): eager
+                state["decided"][signature] = "eager"
+                warnings.warn(f"the cached onnxruntime program of {entry} ({program_path(model, entry)}) cannot be "
+                              f"loaded ({type(e).__name__}: {str(e).strip()[:200]}); running eager. `kestrel doctor "
+                              "--model ... --onnxruntime` exports it again", KestrelWarning, stacklevel=2)
+                return eager(*args)
         return state["program"](*args)
 
     call.onnxruntime_state = state  # type: ignore[attr-defined]
