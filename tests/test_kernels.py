@@ -442,6 +442,26 @@ def test_transposed_2x2_convolution_as_one_gemm_matches_torch(channels_last):
     assert wg.grad is not None and wg.grad.shape == w.shape
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_channel_layer_norm_matches_the_reference_formula_in_either_layout(channels_last):
+    g = torch.Generator().manual_seed(5)
+    x = 3 * torch.randn(2, 16, 6, 9, generator=g) + 1
+    if channels_last:  # as the transposed convolution leaves SAM's upscaled masks
+        x = x.contiguous(memory_format=torch.channels_last)
+    w, b = torch.randn(16, generator=g), torch.randn(16, generator=g)
+    mean = x.mean(1, keepdim=True)  # SAM's channels-first layer norm, as the reference writes it
+    ref = w[:, None, None] * (x - mean) / torch.sqrt((x - mean).pow(2).mean(1, keepdim=True) + 1e-6) \
+        + b[:, None, None]
+    with torch.inference_mode():
+        out = ops.layer_norm_chw(x, w, b, 1e-6)
+    assert rel_diff(out, ref) < 1e-6
+    # the fused pass keeps a channels-last map channels-last (the next GELU and convolution read it so)
+    assert out.is_contiguous(memory_format=torch.channels_last) == channels_last
+    wg = w.clone().requires_grad_(True)  # autograd keeps the formula, op by op
+    ops.layer_norm_chw(x, wg, b, 1e-6).sum().backward()
+    assert wg.grad is not None
+
+
 def test_a_taller_input_takes_over_the_choice_measured_at_the_capped_rows(monkeypatch):
     """measure() times at most CAL_ROWS rows: a row count above it reuses what another tall one measured
     (SAM 2's memory attention grows by E x E rows a frame and must not measure on every frame)."""

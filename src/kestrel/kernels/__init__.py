@@ -6,6 +6,7 @@
     attention    plain attention by measured choice (fused or two GEMMs); decomposed relative positions in
                  calibrated slices
     activations  the tanh GELU in place
+    norms        the channel layer norm of a channels-last map, fused
     calibration  the per-machine tables of measured choices, and the recorder that observes them
     weights      the one cache of what kernels derive from weights, with one invalidation rule
     allocator    glibc's allocator thresholds: freed activations stay in the process
@@ -20,5 +21,7 @@ from .activations import gelu_tanh_
 from .attention import sdpa
 from .gemm import conv_transpose2x2, fused_linear, linear
 from .library import eager_ok, plain_inference
+from .norms import layer_norm_chw
 
-__all__ = ["conv_transpose2x2", "eager_ok", "fused_linear", "gelu_tanh_", "linear", "plain_inference", "sdpa"]
+__all__ = ["conv_transpose2x2", "eager_ok", "fused_linear", "gelu_tanh_", "layer_norm_chw", "linear", "plain_inference",
+           "sdpa"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ... import kernels
 from ...checker.rules import (
     axis,
     float_dtype,
@@ -39,11 +40,12 @@ def _(x: SymTensor, weight: SymTensor | None, bias: SymTensor | None, eps: float
 
 @op("layer_norm_chw", layout="preserve")
 def layer_norm_chw(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Layer norm over the channel axis of ``[B, C, H, W]`` (SAM's channels-first norm)."""
-    mean = x.mean(1, keepdim=True)
-    var = (x - mean).pow(2).mean(1, keepdim=True)
-    y = (x - mean) / torch.sqrt(var + eps)
-    return weight[:, None, None] * y + bias[:, None, None]
+    """Layer norm over the channel axis of ``[B, C, H, W]`` (SAM's channels-first norm).
+
+    Kernel: one fused pass where the map is laid out channels-last, the reference's formula op by op
+    elsewhere (:func:`kestrel.kernels.layer_norm_chw`).
+    """
+    return kernels.layer_norm_chw(x, weight, bias, eps)
 
 
 @layer_norm_chw.rule
