@@ -34,6 +34,16 @@ def test_doctor_prints_rates_and_the_choice_per_shape(vit_dir, capsys):
     assert not list(calibrate.cache_dir().glob("*.json"))
 
 
+def test_doctor_names_a_bad_model_or_entry_before_measuring_anything(vit_dir, tmp_path, capsys):
+    assert main(["doctor", "--model", str(tmp_path / "nowhere")]) == 2
+    captured = capsys.readouterr()
+    assert "unknown model" in captured.err and "nowhere" in captured.err
+    assert "GEMM" not in captured.out  # no minute of rate measuring before the error
+    assert main(["doctor", "--model", str(vit_dir), "--entry", "nope"]) == 2
+    captured = capsys.readouterr()
+    assert "no entry 'nope'" in captured.err and "GEMM" not in captured.out
+
+
 def test_bench_times_an_entry(vit_dir, capsys):
     assert main(["bench", str(vit_dir), "--batch", "1,2", "--repeat", "1", "--entry", "features", "-v"]) == 0
     out = capsys.readouterr().out

@@ -102,6 +102,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         return 0
     if args.onnxruntime and not args.model:
         raise UsageError("--onnxruntime races a model's entry: give the model with --model NAME|DIR")
+    # the model and its entry first: a name that resolves to nothing fails before a minute of measuring
+    model = _load(args) if args.model else None
+    entry = _entry(model, args.entry) if model is not None else None
     cores = physical_cores()
     print(f"machine: {calibrate.cpu_model()} ({os.cpu_count()} logical CPUs, {cores} physical cores)")
     print(f"  instruction sets: {' '.join(calibrate.cpu_flags()) or '?'}")
@@ -135,21 +138,21 @@ def cmd_doctor(args: argparse.Namespace) -> int:
           + (f": {' and '.join(faster)} faster than f32 here (--dtype {faster[0]} pays)" if faster
              else ": no faster than f32 here; keep the f32 default"))
     try:
-        _report(args, best_at)
+        _report(args, best_at, model, entry)
     finally:
         torch.set_num_threads(before)
     return 0
 
 
-def _report(args: argparse.Namespace, best_at: dict[int, float]) -> None:
+def _report(args: argparse.Namespace, best_at: dict[int, float], model: Any, entry: str | None) -> None:
     from ..kernels import calibration as calibrate
 
     if len(best_at) > 1:
         pick = max(best_at, key=lambda t: best_at[t])
         print(f"  best at {pick} thread(s); Kestrel uses torch's thread count ({torch.get_num_threads()} now); "
               "set it with torch.set_num_threads or --threads")
-    if args.model:
-        _calibrate_model(args)
+    if model is not None and entry is not None:
+        _calibrate_model(args, model, entry)
     else:
         _print_cached(calibrate)
 
@@ -197,12 +200,10 @@ def _entry(model: Any, name: str | None) -> str:
     return name
 
 
-def _calibrate_model(args: argparse.Namespace) -> None:
+def _calibrate_model(args: argparse.Namespace, model: Any, entry: str) -> None:
     from ..kernels import calibration as calibrate
     from ..runtime.examples import example_inputs
 
-    model = _load(args)
-    entry = _entry(model, args.entry)
     inputs = example_inputs(model, entry, args.batch)
     t = time.perf_counter()
     rows = calibrate.calibrate_model(lambda: getattr(model, entry)(*inputs))
