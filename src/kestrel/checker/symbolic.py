@@ -342,13 +342,14 @@ def _tensors_in(x: Any) -> list[SymTensor]:
     return []
 
 
-def op(name: str, layout: str = "unknown") -> Callable[[Callable[..., Any]], Any]:
+def op(name: str, layout: str = "unknown", recorded: bool = True) -> Callable[[Callable[..., Any]], Any]:
     """Make a std op from its torch kernel; attach its shape rule with ``@the_op.rule``.
 
     Called with torch tensors it runs the kernel; called with symbolic tensors it runs the rule and
     records a node in the graph of the function being checked. ``layout`` says what the checker may
     assume of the results' memory layout: ``"preserve"`` (row-major when every tensor argument is),
-    ``"fresh"`` (always row-major) or ``"unknown"``.
+    ``"fresh"`` (always row-major) or ``"unknown"``. An op that is not ``recorded`` (a layout change the
+    graph does not draw, like the method ``x.contiguous()``) adds no node: its rule returns the value itself.
     """
 
     def wrap(kernel: Callable[..., Any]) -> Any:
@@ -364,7 +365,8 @@ def op(name: str, layout: str = "unknown") -> Callable[[Callable[..., Any]], Any
             row_major = layout == "fresh" or (layout == "preserve" and all(t.row_major for t in inputs))
             for t in outs:
                 t.row_major = row_major
-            record(name, inputs, outs)
+            if recorded:
+                record(name, inputs, outs)
             return out
 
         def rule(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -7,6 +7,7 @@
                  calibrated slices
     activations  the tanh GELU in place
     norms        the channel layer norm of a channels-last map, fused
+    layout       a transposed token map copied row-major in cache-sized slabs
     calibration  the per-machine tables of measured choices, and the recorder that observes them
     weights      the one cache of what kernels derive from weights, with one invalidation rule
     allocator    glibc's allocator thresholds: freed activations stay in the process
@@ -20,8 +21,9 @@ from __future__ import annotations
 from .activations import gelu_tanh_
 from .attention import sdpa
 from .gemm import conv_transpose2x2, fused_linear, linear
+from .layout import contiguous
 from .library import eager_ok, plain_inference
 from .norms import layer_norm_chw
 
-__all__ = ["conv_transpose2x2", "eager_ok", "fused_linear", "gelu_tanh_", "layer_norm_chw", "linear", "plain_inference",
-           "sdpa"]
+__all__ = ["contiguous", "conv_transpose2x2", "eager_ok", "fused_linear", "gelu_tanh_", "layer_norm_chw", "linear",
+           "plain_inference", "sdpa"]

@@ -157,7 +157,7 @@ class VisionEncoder(transformer.MultiHead):
     neck: VisionNeck["D, Hd, T"]
 
     def forward(self, pixel_values: "Tensor[B, 3, 1024, 1024; T]") -> "Tensor[B, Hd, 64, 64; T]":
-        x = self.patch_embed(pixel_values).permute(0, 2, 3, 1).contiguous() + self.pos_embed
+        x = ops.contiguous(self.patch_embed(pixel_values).permute(0, 2, 3, 1)) + self.pos_embed
         for layer in each(self, "layer"):
             x = layer(x)
         return self.neck(x)
@@ -268,7 +268,7 @@ class MaskDecoder(sam_parts.TwoWaySizes):
         tokens = ops.cat([tokens, sparse_prompt_embeddings], dim=2)
 
         def per_prompt(t):  # [B, Hd, 64, 64] -> [B, Pts, 64 * 64, Hd], shared by the prompts of an image
-            tokens = t.flatten(2).transpose(1, 2).contiguous()  # row-major: adds and linears run with the grain
+            tokens = ops.contiguous(t.flatten(2).transpose(1, 2))  # row-major: adds and linears run with the grain
             return tokens.unsqueeze(1).expand(B, Pts, GRID * GRID, hd)
 
         image = per_prompt(image_embeddings + dense_prompt_embeddings)

@@ -250,7 +250,7 @@ class Hiera(HieraSizes):
         "(Tensor[B, 4 * E, 4 * E, D0; T], Tensor[B, 2 * E, 2 * E, D1; T], Tensor[B, E, E, D2; T], "
         "Tensor[B, E / 2, E / 2, D3; T])"
     ):
-        x0 = self.patch_embed(pixel_values).permute(0, 2, 3, 1).contiguous() + self.positions()
+        x0 = ops.contiguous(self.patch_embed(pixel_values).permute(0, 2, 3, 1)) + self.positions()
         x0 = _through(self, "stage_0", x0)
         x1 = _through(self, "stage_1", self.pool_1(x0))
         x2 = _through(self, "stage_2", self.pool_2(x1))
@@ -431,7 +431,7 @@ class MaskDecoder(sam_parts.TwoWaySizes):
             return t.unsqueeze(1).expand(b, Pts, c, h, w).reshape(b * Pts, c, h, w)
 
         def as_keys(t):  # [B, Hd, E, E] -> [B, Pts, E * E, Hd], row-major: adds and linears run with the grain
-            return t.flatten(2).transpose(1, 2).contiguous().unsqueeze(1).expand(B, Pts, e * e, hd)
+            return ops.contiguous(t.flatten(2).transpose(1, 2)).unsqueeze(1).expand(B, Pts, e * e, hd)
 
         queries, keys = self.transformer(tokens, as_keys(image_embeddings + dense), as_keys(image_pe), bias)
 

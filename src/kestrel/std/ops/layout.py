@@ -8,6 +8,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ... import kernels
 from ...checker.rules import (
     axis,
     cancel_common,
@@ -97,17 +98,20 @@ def _(x: SymTensor, *order: Any) -> SymTensor:
     return like(x, [d[o] for o in order_])
 
 
-@op("contiguous", layout="fresh")
+@op("contiguous", layout="fresh", recorded=False)
 def contiguous(x: torch.Tensor) -> torch.Tensor:
     """The same values laid out row-major. A layout choice, not a type change: a permuted view left as
     it is makes every later elementwise op (and each residual add, whose result keeps the first
-    operand's strides) walk memory across the grain."""
-    return x.contiguous()
+    operand's strides) walk memory across the grain.
+
+    Kernel: a token map transposed from channels-first whose rows alias in the caches is copied in
+    slabs of channels (:func:`kestrel.kernels.contiguous`); anything else is ``x.contiguous()``."""
+    return kernels.contiguous(x)
 
 
 @contiguous.rule
 def _(x: SymTensor) -> SymTensor:
-    return like(x, x.dims)
+    return SymTensor(x.type, x.vid, row_major=True)  # the same value in the graph, as x.contiguous()
 
 
 @op("transpose")
