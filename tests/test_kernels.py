@@ -631,12 +631,17 @@ def test_each_quantized_engine_is_an_int8_kernel_with_its_own_pack(monkeypatch):
     assert rel_diff(a, c) < 0.05  # the same quantisation, two libraries
 
 
-@pytest.mark.parametrize("shape", [(2, 24, 8, 128), (1, 40, 7, 9), (3, 64, 1024)])
-def test_a_transposed_token_map_copies_row_major_with_the_same_values(shape):
+@pytest.mark.parametrize("shape, slabs", [((2, 24, 8, 128), False), ((2, 40, 8, 128), True), ((1, 40, 7, 9), False),
+                                          ((3, 64, 1024), True), ((1, 64, 64, 64), True), ((1, 64, 4096), True)])
+def test_a_transposed_token_map_copies_row_major_with_the_same_values(shape, slabs):
     """ops.contiguous copies a channels-first map viewed channels-last in slabs where its rows alias in
-    the caches (a 4 KiB multiple: 8 x 128 and 1024 tokens) and as torch copies it elsewhere: same values."""
+    the caches (a 4 KiB multiple: 8 x 128 and 1024 tokens, more than one slab of channels), a lone image's
+    too, and as torch copies it elsewhere: same values."""
+    from kestrel.kernels.layout import aliasing_rows
+
     x = torch.randn(*shape)
     view = x.flatten(2).transpose(1, 2) if x.dim() == 3 else x.permute(0, 2, 3, 1)
+    assert (aliasing_rows(view) is not None) == slabs
     with torch.inference_mode():
         out = ops.contiguous(view)
     assert out.is_contiguous() and out.shape == view.shape and torch.equal(out, view)
