@@ -30,10 +30,11 @@ import torch
 from . import library, settings
 from .weights import WEIGHTS
 
-VERSION = 6  # of the file format and of the measuring procedure (2: streamed, cold weights; 3: packed always
+VERSION = 7  # of the file format and of the measuring procedure (2: streamed, cold weights; 3: packed always
 # measured, with the in-place fallback; 4: the machine's load recorded, a disturbed choice not reused: tables
 # of 3 held choices measured while other processes took the cores, 5-10x below the machine's rates; 5: bf16
-# shapes measured among the bf16 kernels, under keys of their own; 6: int8 shapes race every quantized engine)
+# shapes measured among the bf16 kernels, under keys of their own; 6: int8 shapes race every quantized engine;
+# 7: up to 4096 rows timed, not 2048, and close races run longer)
 
 
 def cache_dir() -> Path:

@@ -43,10 +43,18 @@ __all__ = ["DEFAULT", "KERNELS", "Kernel", "choose", "choose_int8", "conv_transp
            "plain_inference"]
 # shapes under this many FLOPs are not worth timing: they run torch's default
 MIN_CALIBRATED_FLOPS = 2e6
-# calibration of one shape: at most this many rows of the call's input, about this many seconds
-CAL_ROWS = 2048
+# calibration of one shape: at most this many rows of the call's input, about this many seconds. 4096 rows is
+# SAM's and SAM 2.1's decoders at batch 1 (a 64 x 64 grid of image tokens): timed at 2048 rows (2 MB of input
+# for a 256-wide shape, an L2's worth) the kernels ranked differently from the 4096 rows a decode runs (one AMD
+# EPYC, 4096 x 256 -> 128: MKL packed and oneDNN packed level at 2048 rows, oneDNN packed 1.3x at 4096)
+CAL_ROWS = 4096
 CAL_BUDGET_S = 0.4
 CAL_ROUNDS = (3, 12)  # at least, at most
+# Where the two fastest candidates stand within CLOSE_MARGIN of each other after the budget, the race goes on, up
+# to CLOSE_BUDGET times the budget (and CAL_ROUNDS' most): on a virtual machine one round's noise (10-30% seen)
+# otherwise decides between two kernels whose difference in the model is real (a SAM decode: 4 ms of 48)
+CLOSE_MARGIN = 0.05
+CLOSE_BUDGET = 3.0
 # a candidate replaces torch's default only when it is this much faster (noise on shared machines)
 MARGIN = 0.03
 # a candidate must match F.linear to this relative error (max |diff| / max |ref|) to be eligible; in bf16,
@@ -207,11 +215,17 @@ def _race(runs: dict[str, Any], copies: int, budget_s: float) -> tuple[dict[str,
                 for i in range(copies):  # one pass over cold weights, as a forward reads them
                     run(i)
                 best[name] = min(best[name], (time.perf_counter() - t) / copies)
-            if r + 1 >= lo and time.perf_counter() - start > budget_s:
+            if r + 1 >= lo and time.perf_counter() - start > budget_s * (CLOSE_BUDGET if _close(best) else 1.0):
                 break
 
     _, others = others_share(rounds)
     return best, others
+
+
+def _close(best: dict[str, float]) -> bool:
+    """Whether the two fastest times so far are within CLOSE_MARGIN of each other."""
+    times = sorted(best.values())
+    return len(times) > 1 and times[1] < times[0] * (1 + CLOSE_MARGIN)
 
 
 def _pick(gflops: dict[str, float]) -> str:
