@@ -48,6 +48,9 @@ from ..models.sam2_video import VideoModel
 from .images import to_rgb
 from .sam2_segment import preprocess_for
 
+# the dtype a frame's memory is kept in: bfloat16, as upstream keeps it (half the bank's memory)
+MEMORY_DTYPE = torch.bfloat16
+
 
 class TrackError(KestrelError, ValueError):
     """A tracking request that cannot run: a bad prompt, frame range or model."""
@@ -220,7 +223,7 @@ class VideoTracker:
                 memories = m.encode_memory(raw.expand(len(ids), *raw.shape[1:]), torch.stack([low[i] for i in ids]),
                                            torch.stack([scores[i] for i in ids]), binarize)
                 for k, oid in enumerate(ids):
-                    entry = FrameMemory(memories[k].to(torch.bfloat16), pointers[oid])
+                    entry = FrameMemory(memories[k].to(MEMORY_DTYPE), pointers[oid])
                     track = self.objects[oid]
                     if oid in prompted:
                         track.conditioning[frame] = entry
