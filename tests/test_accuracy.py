@@ -9,6 +9,8 @@ import torch
 
 import kestrel
 from kestrel.cli.main import main
+from kestrel.kernels.gemm import int8_available
+from kestrel.models.sam_parts import Deconv2x2
 from kestrel.pipelines import accuracy
 from kestrel.site.charts import accuracy_table, bench_charts
 
@@ -61,6 +63,10 @@ def test_siglip_ranking_and_sam2_masks(siglip_dir, sam2_small) -> None:
     same = accuracy.measure(sam2, kestrel.load(sam2_dir), batch=1, prompts=3)
     assert same.metrics["mask IoU"] == 1.0 and same.metrics["rel diff"] == 0.0
     assert "single-point prompts" in same.inputs
+    if int8_available():  # int8 covers the mask upscaling's transposed convolutions too: GEMMs on a weight
+        quantised = kestrel.load(sam2_dir, quantize="int8")
+        deconvs = [m for m in quantised.modules() if isinstance(m, Deconv2x2)]
+        assert deconvs and all(getattr(m.weight, "_kestrel_int8", False) for m in deconvs)
 
 
 def test_bench_times_the_fast_path_beside_f32_and_prints_its_accuracy(vit_dir, capsys) -> None:

@@ -436,6 +436,14 @@ def test_transposed_2x2_convolution_as_one_gemm_matches_torch(channels_last):
         assert out.shape == (2, 8, 10, 14)
         assert out.is_contiguous(memory_format=torch.channels_last)  # the GEMM path ran (torch's keeps NCHW)
         assert rel_diff(out, ref) < 1e-6
+    # int8 asked for the convolution's weight: its GEMM (on the derived [4 * Cout, Cin] rows) runs int8
+    if kernels.int8_available():
+        wq = torch.nn.Parameter(w.clone(), requires_grad=False)
+        kernels.mark_int8(wq)
+        with torch.inference_mode():
+            ref = F.conv_transpose2d(x, w, b, stride=2)
+            out = ops.conv_transpose2x2(x, wq, b)
+        assert 1e-5 < rel_diff(out, ref) < 0.05  # quantised: close, not exact
     # autograd keeps torch's own op (and its gradient)
     wg = w.clone().requires_grad_(True)
     ops.conv_transpose2x2(x, wg, b).sum().backward()

@@ -303,6 +303,8 @@ def conv_transpose2x2(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     pixels = x.permute(0, 2, 3, 1).reshape(b * h * w, cin)  # a view when x is channels-last
     rows, bias4 = WEIGHTS.get_or_make("deconv-rows", (weight,) if bias is None else (weight, bias),
                                       lambda: _deconv_rows(weight, bias))
+    if _INT8_MARKED[0] and getattr(weight, _INT8_FLAG, False):
+        mark_int8(rows)  # int8 asked for the convolution: its GEMM races the int8 kernels like a linear's
     blocks = linear(pixels, rows, bias4).view(b, h, w, 2, 2 * cout)
     out = torch.empty(b, h, 2, w, 2 * cout, dtype=x.dtype)
     out.copy_(blocks.transpose(2, 3))  # out[b, h, i, w, (j, c)] = blocks[b, h, w, i, (j, c)]
