@@ -653,3 +653,28 @@ def test_a_transposed_token_map_copies_row_major_with_the_same_values(shape, sla
     with torch.inference_mode():
         out = ops.contiguous(view)
     assert out.is_contiguous() and out.shape == view.shape and torch.equal(out, view)
+
+
+def test_grid_fourier_is_computed_once_per_table_and_again_after_a_write():
+    """SAM's dense positional encoding: the same numbers as its formula, kept for a parameter in eager
+    inference (one tensor, every call), made again when the table is written to, never kept for a plain tensor."""
+    import math
+
+    table = torch.nn.Parameter(torch.randn(2, 8), requires_grad=False)
+    side = 6
+    g = (torch.arange(side, dtype=torch.float32) + 0.5) / side
+    xy = torch.stack([g.unsqueeze(0).expand(side, side), g.unsqueeze(1).expand(side, side)], dim=-1)
+    c = (xy * 2 - 1) @ table * (2 * math.pi)
+    want = torch.cat([c.sin(), c.cos()], dim=-1).permute(2, 0, 1).unsqueeze(0)
+    with torch.inference_mode():
+        first = ops.grid_fourier(table, side)
+        assert first.shape == (1, 16, side, side) and torch.equal(first, want)
+        assert ops.grid_fourier(table, side) is first  # kept: one computation per table and side
+        assert ops.grid_fourier(table, side + 1).shape == (1, 16, side + 1, side + 1)
+    with torch.no_grad():
+        table.mul_(2)  # a write: the kept encoding is stale
+    with torch.inference_mode():
+        again = ops.grid_fourier(table, side)
+    assert again is not first and not torch.equal(again, first)
+    plain = table.detach().clone()
+    assert ops.grid_fourier(plain, side) is not ops.grid_fourier(plain, side)  # not a parameter: not kept

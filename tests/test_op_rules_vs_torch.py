@@ -392,6 +392,12 @@ def _relative(rnd):
     return ops.relative_positions, (f32(rnd, 2 * n - 1 if rnd.random() < 0.8 else 2 * n, rnd.randint(0, 3)), n), {}
 
 
+def _grid_fourier(rnd):
+    rows = 2 if rnd.random() < 0.8 else rnd.choice([1, 3])  # a [2, C] table, now and then a wrong one
+    table = t(rnd, rows, rnd.randint(1, 4)) if rnd.random() < 0.8 else f32(rnd, 2, 3, 1)
+    return ops.grid_fourier, (table, rnd.randint(1, 5)), {}
+
+
 def _argmax(rnd):
     shape = dims(rnd, 1, 3)
     return ops.argmax, (f32(rnd, *shape), axis(rnd, len(shape))), {}
@@ -438,7 +444,7 @@ TABLE: dict[str, Callable[[random.Random], tuple]] = {
     "split": _split, "pad": _pad, "repeat": _repeat,
     "contiguous": lambda rnd: (ops.contiguous, (t(rnd, *dims(rnd, 0, 3)),), {}),
     "getitem": _getitem, "gather": _gather, "embedding": _embedding, "take_along": _take_along,
-    "relative_positions": _relative,
+    "relative_positions": _relative, "grid_fourier": _grid_fourier,
     "arange_like": lambda rnd: (ops.arange_like, (t(rnd, 2), rnd.randint(0, 3)), {}),
     "dim_like": lambda rnd: (ops.dim_like, (f32(rnd, 2), rnd.randint(0, 3)), {}),
     "sum": _reduce(ops.sum_), "mean": _reduce(ops.mean), "amax": _reduce(ops.amax), "argmax": _argmax,

@@ -8,6 +8,7 @@
     activations  the tanh GELU in place
     norms        the channel layer norm of a channels-last map, fused
     layout       a transposed token map copied row-major in cache-sized slabs
+    positions    positional encodings that are constants of a weight (a grid's Fourier features), kept
     calibration  the per-machine tables of measured choices, and the recorder that observes them
     weights      the one cache of what kernels derive from weights, with one invalidation rule
     allocator    glibc's allocator thresholds: freed activations stay in the process
@@ -24,6 +25,7 @@ from .gemm import conv_transpose2x2, fused_linear, linear
 from .layout import contiguous
 from .library import eager_ok, plain_inference
 from .norms import layer_norm_chw
+from .positions import grid_fourier
 
-__all__ = ["contiguous", "conv_transpose2x2", "eager_ok", "fused_linear", "gelu_tanh_", "layer_norm_chw", "linear",
-           "plain_inference", "sdpa"]
+__all__ = ["contiguous", "conv_transpose2x2", "eager_ok", "fused_linear", "gelu_tanh_", "grid_fourier",
+           "layer_norm_chw", "linear", "plain_inference", "sdpa"]

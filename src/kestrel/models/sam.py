@@ -402,8 +402,7 @@ class Model(Block):
 
     def _image_pe(self, B):
         """The Fourier features of every grid cell's centre, ``[B, Hd, 64, 64]``."""
-        g = (ops.arange_like(self.positional_embedding, GRID) + 0.5) / GRID
-        return sam_parts.grid_fourier(g, self.positional_embedding).expand(B, self.Hd, GRID, GRID)
+        return ops.grid_fourier(self.positional_embedding, GRID).expand(B, self.Hd, GRID, GRID)
 
 
 def model_for(depth: int, global_layers: tuple[int, ...] | list[int]) -> type[Block]:

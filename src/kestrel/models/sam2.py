@@ -554,9 +554,7 @@ class Model(HieraSizes):
 
     def image_positions(self) -> "Tensor[1, Hd, E, E; T]":
         """The Fourier features of every embedding cell's centre (``decode_tokens``' ``image_pe``)."""
-        e = self.E
-        g = (ops.arange_like(self.positional_embedding, e) + 0.5) / ops.dim_like(self.positional_embedding, e)
-        return sam_parts.grid_fourier(g, self.positional_embedding)
+        return ops.grid_fourier(self.positional_embedding, self.E)
 
     def dense_prompt(self) -> "Tensor[1, Hd, E, E; T]":
         """The dense prompt without a mask prompt: ``no_mask_embed`` at every cell (``decode_tokens``' ``dense``)."""

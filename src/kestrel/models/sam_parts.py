@@ -116,14 +116,6 @@ def fourier(coords, table):
     return ops.cat([ops.sin(c), ops.cos(c)], dim=-1)
 
 
-def grid_fourier(g, table):
-    """:func:`fourier` of every cell of the square grid whose cell centres along an axis are ``g``
-    (in [0, 1], ``[S]``): ``[1, C, S, S]``, x the column's centre and y the row's."""
-    side = g.shape[0]
-    xy = ops.stack([g.unsqueeze(0).expand(side, side), g.unsqueeze(1).expand(side, side)], dim=-1)
-    return fourier(xy, table).permute(2, 0, 1).unsqueeze(0)
-
-
 def two_way_tail(layer, queries, keys, qpe, kpe, image_to_token):
     """A two-way layer after its self-attention: the tokens attend to the image, their MLP, then the
     image attends to the tokens through ``image_to_token(query, key, value)`` (SAM 2's masks padding)."""

@@ -48,7 +48,7 @@ from .elementwise import (
     tanh,
     where,
 )
-from .index import arange_like, dim_like, embedding, gather, getitem, relative_positions, take_along
+from .index import arange_like, dim_like, embedding, gather, getitem, grid_fourier, relative_positions, take_along
 from .layout import (
     cat,
     contiguous,
@@ -76,7 +76,7 @@ __all__ = [
     "broadcast_dims", "cast", "cat", "contiguous", "conv1d", "conv2d", "conv_transpose2x2", "cos",
     "depthwise_conv2d", "dim_like",
     "div", "embedding", "eq", "exp", "expand", "flatten", "float_dtype", "fused_linear", "gather", "ge", "gelu",
-    "gelu_", "getitem", "gt", "interpolate", "kind_of", "l2_normalize", "last_dim", "layer_norm",
+    "gelu_", "getitem", "grid_fourier", "gt", "interpolate", "kind_of", "l2_normalize", "last_dim", "layer_norm",
     "layer_norm_chw", "like", "linear", "matmul", "max_pool2d", "mean", "mul", "multihead_attention", "nonneg",
     "numeric_dtype", "pad", "permute", "positive", "qkv_dims", "relative_positions", "relu", "repeat", "reshape",
     "rms_norm", "same", "same_dtype", "scalar_fits", "sigmoid", "silu", "sin", "softmax", "split", "squeeze",

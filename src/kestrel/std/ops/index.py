@@ -1,4 +1,4 @@
-"""Indexing: ``x[...]``, gathers, embeddings, relative-position tables, index ranges."""
+"""Indexing: ``x[...]``, gathers, embeddings, relative-position tables, grid positions, index ranges."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ... import kernels
 from ...checker.rules import (
     axis,
+    float_dtype,
     ge_hint,
     like,
     nonneg,
@@ -134,6 +136,31 @@ def _(table: SymTensor, n: Any) -> SymTensor:
     size = as_poly(n)  # the table's length 2n - 1, a size, makes n >= 1
     same(d[0], 2 * size - 1, "relative_positions: the table length is not 2n - 1", table)
     return like(table, [size, size, d[1]])
+
+
+@op("grid_fourier")
+def grid_fourier(table: torch.Tensor, side: int) -> torch.Tensor:
+    """Random Fourier features of every cell centre of a ``side x side`` grid: ``[2, C] -> [1, 2C, side, side]``.
+
+    Cell ``(i, j)`` is centred at ``c = ((j + 0.5) / side, (i + 0.5) / side)`` (x the column); its features are
+    ``[sin, cos](2 pi (2c - 1) table)``: SAM's and SAM 2.1's dense positional encoding.
+
+    Kernel: a constant of the table. On a parameter, in eager inference, it is computed once and kept
+    (:func:`kestrel.kernels.grid_fourier`): every call returns that one tensor, to be read, never written to.
+    """
+    return kernels.grid_fourier(table, side)
+
+
+@grid_fourier.rule
+def _(table: SymTensor, side: Any) -> SymTensor:
+    d = table.fixed_dims("grid_fourier")
+    if len(d) != 2:
+        raise ShapeError(f"grid_fourier takes a [2, C] table, got {table.show()}")
+    same(d[0], as_poly(2), "grid_fourier: the table's first axis is not 2 (x and y)", table)
+    float_dtype(table, "grid_fourier")
+    size = as_poly(side)
+    require_positive(size)
+    return like(table, [ONE, 2 * d[1], size, size])
 
 
 @op("take_along")
