@@ -305,6 +305,7 @@ def test_padded_tokens_decode_as_the_unpadded_prompt(encoded_512, name):
     tables = PromptTables.from_model(ours)
     with torch.no_grad():
         pe, dense = ours.image_positions(), ours.dense_prompt()
+        assert pe.is_contiguous() and ours.image_positions().data_ptr() != pe.data_ptr()  # the caller's own copy
         needed = len(scaled.get("points", ())) + (3 if "box" in scaled else 1)
         for count in (3, 5):
             if needed > count:

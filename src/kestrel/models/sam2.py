@@ -553,8 +553,9 @@ class Model(HieraSizes):
         return self.mask_decoder.select_single(masks, iou)
 
     def image_positions(self) -> "Tensor[1, Hd, E, E; T]":
-        """The Fourier features of every embedding cell's centre (``decode_tokens``' ``image_pe``)."""
-        return ops.grid_fourier(self.positional_embedding, self.E)
+        """The Fourier features of every embedding cell's centre (``decode_tokens``' ``image_pe``), a copy of the
+        caller's own (the decoders read the one kept for the weights, ``ops.grid_fourier``)."""
+        return ops.contiguous(ops.grid_fourier(self.positional_embedding, self.E))
 
     def dense_prompt(self) -> "Tensor[1, Hd, E, E; T]":
         """The dense prompt without a mask prompt: ``no_mask_embed`` at every cell (``decode_tokens``' ``dense``)."""
@@ -576,7 +577,7 @@ class Model(HieraSizes):
         B, Pts, N, hd = sparse.shape
         e = self.E
         dense = self.dense_prompt().expand(B, hd, e, e)
-        image_pe = self.image_positions().expand(B, hd, e, e)
+        image_pe = ops.grid_fourier(self.positional_embedding, e).expand(B, hd, e, e)
         n = 2 + MASK_TOKENS + N
         bias = (ops.arange_like(sparse, n) * 0.0).reshape(1, 1, 1, 1, n).expand(B, Pts, 1, 1, n)  # no padding
         return self.mask_decoder.with_tokens(image_embeddings, image_pe, sparse, dense, hr0, hr1, bias)
