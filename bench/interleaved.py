@@ -9,12 +9,15 @@ virtual machine whose speed drifts between minutes two rows measured minutes apa
     hf        transformers eager, the same checkpoint (random weights from the real config, seed 0)
     onnx      onnxruntime on Kestrel's ONNX export (dynamic batch), what a race of
               ``kestrel doctor --onnxruntime`` would choose where it is faster
+    int8      with ``--int8``: Kestrel eager loaded with ``quantize="int8"`` (its int8 races run first), for
+              int8's speed-up over f32 measured call by call, not across processes
 
 Each round runs every path in turn (the order rotates every round), each twice in a row with the
 second call timed: a runtime's threads spin for a while after a call and slow the next call of
 another. The medians of the timed calls are compared. No memory figures: the paths share a process.
 
     python bench/interleaved.py --models vit,dinov2,siglip,siglip-text,sam-decode --rounds 7 --out r.json
+    python bench/interleaved.py --models sam-decode --int8 --rounds 9
 """
 
 from __future__ import annotations
@@ -39,25 +42,32 @@ MODELS = "vit,dinov2,siglip,siglip-text,sam-decode"  # the rows of run.py --quic
 
 
 def _paths(spec: Any, cfg: Any, ckpt: Path, image: int, batch: int, onnx_path: str,
-           threads: int) -> dict[str, Callable[[], Any]]:
+           threads: int, int8: bool) -> dict[str, Callable[[], Any]]:
     import onnxruntime as ort
 
     import kestrel
     from kestrel.kernels import calibration
 
     inputs = spec.inputs(cfg, image, batch)
-    model = kestrel.load(ckpt, **spec.load_kwargs(cfg, image))
-    entry = getattr(type(model), spec.entry).__get__(model)  # eager, whatever a race recorded
-    with torch.no_grad():
-        calibration.calibrate_model(lambda: entry(*inputs))
+
+    def eager(**options: Any) -> Callable[[], Any]:
+        model = kestrel.load(ckpt, **spec.load_kwargs(cfg, image), **options)
+        entry = getattr(type(model), spec.entry).__get__(model)  # eager, whatever a race recorded
+        with torch.no_grad():
+            calibration.calibrate_model(lambda: entry(*inputs))
+        return lambda: entry(*inputs)
+
+    paths = {"kestrel": eager()}
     reference = spec.reference_class().from_pretrained(ckpt).eval()
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     session = ort.InferenceSession(onnx_path, opts, providers=["CPUExecutionProvider"])
     feeds = dict(zip([i.name for i in session.get_inputs()], (x.numpy() for x in inputs)))
-    return {"kestrel": lambda: entry(*inputs), "hf": lambda: spec.reference_output(reference, inputs),
-            "onnx": lambda: session.run(None, feeds)}
+    paths |= {"hf": lambda: spec.reference_output(reference, inputs), "onnx": lambda: session.run(None, feeds)}
+    if int8:
+        paths["int8"] = eager(quantize="int8")
+    return paths
 
 
 def measure(paths: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
@@ -84,6 +94,8 @@ def main() -> int:
     parser.add_argument("--batch", default="1,8", help="comma-separated batches (default 1,8)")
     parser.add_argument("--rounds", type=int, default=7, help="timed calls per path (default 7)")
     parser.add_argument("--threads", type=int, default=physical_cores(), help="default: the physical cores")
+    parser.add_argument("--int8", action="store_true",
+                        help="also time Kestrel with quantize='int8' (its speed-up over f32)")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -93,7 +105,7 @@ def main() -> int:
                                "versions": {"torch": torch.__version__}, "rounds": args.rounds, "rows": []}
     print(f"{cpu_name()}, {args.threads} threads; median of {args.rounds} timed calls per path, interleaved")
     print(f"{'row':<18} {'batch':>5} {'kestrel s':>10} {'hf s':>9} {'onnx s':>9} {'K / HF':>7} {'K / ORT':>8} "
-          f"{'others':>7}")
+          f"{'others':>7}" + (f" {'int8 s':>9} {'f32 / int8':>10}" if args.int8 else ""))
     with tempfile.TemporaryDirectory(prefix="kestrel-interleaved-") as tmp:
         for m in args.models.split(","):
             spec = REGISTRY[m]
@@ -108,7 +120,7 @@ def main() -> int:
                 for b in ([min(batches)] if big else batches):
                     if b > spec.max_batch:
                         continue
-                    paths = _paths(spec, cfg, ckpt, image, b, onnx_path, args.threads)
+                    paths = _paths(spec, cfg, ckpt, image, b, onnx_path, args.threads, args.int8)
                     with OtherLoad() as load:
                         times = measure(paths, args.rounds)
                     med = {n: statistics.median(t) for n, t in times.items()}
@@ -116,9 +128,10 @@ def main() -> int:
                            "other_load": load.share}
                     results["rows"].append(row)
                     others = "?" if load.share is None else f"{100 * load.share:.0f}%"
+                    int8 = f" {med['int8']:>9.4f} {med['kestrel'] / med['int8']:>9.2f}x" if "int8" in med else ""
                     print(f"{m + '@' + str(image):<18} {b:>5} {med['kestrel']:>10.4f} {med['hf']:>9.4f} "
                           f"{med['onnx']:>9.4f} {med['kestrel'] / med['hf']:>6.2f}x "
-                          f"{med['kestrel'] / med['onnx']:>7.2f}x {others:>7}", flush=True)
+                          f"{med['kestrel'] / med['onnx']:>7.2f}x {others:>7}{int8}", flush=True)
                     del paths
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
