@@ -142,6 +142,10 @@ def test_bad_inputs_give_one_clear_line(vit_dir, images, tmp_path, capsys):
     d, _ = vit_dir
     assert main(["classify", str(tmp_path / "missing.jpg"), "--model", str(d)]) == 2
     assert "missing.jpg" in capsys.readouterr().err
+    deep = tmp_path / ("a-long-folder-name-" * 12) / "missing.jpg"  # a long path keeps both ends
+    assert main(["classify", str(deep), "--model", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert f"'{str(deep)[:40]}" in err and "/missing.jpg'" in err and f"({len(str(deep))} characters)" in err
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()
     (corrupt / "config.json").write_text((d / "config.json").read_text())

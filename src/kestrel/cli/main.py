@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 from ..errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, KestrelError, KestrelWarning
 from ..kernels import settings
 from .commands import all_commands
-from .options import REGISTRY, add_command, shown
+from .options import PATH_LIMIT, REGISTRY, add_command, shown
 
 EPILOG = """examples:
   kestrel check                                  type-check every model, no weights needed
@@ -89,7 +89,7 @@ def _debug(args: argparse.Namespace | None) -> bool:
 
 
 def _describe_os_error(e: OSError) -> str:
-    where = shown(e.filename).strip("'\"") if e.filename is not None else ""
+    where = shown(e.filename, PATH_LIMIT).strip("'\"") if e.filename is not None else ""
     reason = e.strerror or str(e)
     return f"{where}: {reason}" if where else reason
 

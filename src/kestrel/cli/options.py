@@ -91,7 +91,8 @@ PATH_LIMIT = 4096  # a path is shown whole; other values are cut at 80 character
 
 def shown(text: object, limit: int = 80) -> str:
     """A user's value in quotes, printable whatever it holds: a non-UTF-8 file name shows as ``caf\\xe9.png``,
-    control characters escaped; cut to ``limit`` characters (a label pasted where a path goes)."""
+    control characters escaped; cut to ``limit`` characters (a label pasted where a path goes) in the middle, so
+    that both ends show: a path's folder and its file name."""
     raw = os.fspath(text) if isinstance(text, os.PathLike) else str(text)
     try:
         safe = os.fsencode(raw).decode("utf-8", "backslashreplace")
@@ -99,7 +100,8 @@ def shown(text: object, limit: int = 80) -> str:
         safe = raw.encode("utf-8", "backslashreplace").decode("utf-8")
     safe = "".join(c if c.isprintable() else repr(c)[1:-1] for c in safe)
     if len(safe) > limit:
-        return f"'{safe[: limit - 5]}...' ({len(safe)} characters)"
+        tail = (limit - 5) // 2
+        return f"'{safe[: limit - 5 - tail]}...{safe[len(safe) - tail:]}' ({len(safe)} characters)"
     return f"'{safe}'"
 
 

@@ -13,6 +13,7 @@ from ..models import capabilities
 from ..models.cards import CardError
 from .datasets import DATASET_HELP, dataset_options
 from .options import (
+    PATH_LIMIT,
     Choice,
     Command,
     Device,
@@ -122,11 +123,11 @@ def _images(items: list[str], strict: bool = False) -> list[Path]:
     paths = expand_paths(items)
     missing = [p for p in paths if not os.path.exists(p)]
     if missing:
-        raise UsageError(f"no such image file or folder: {shown(missing[0])}"
+        raise UsageError(f"no such image file or folder: {shown(missing[0], 160)}"
                          + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     if not paths:
         raise UsageError(f"no image files (*{', *'.join(sorted(IMAGE_SUFFIXES))}) in "
-                         f"{', '.join(shown(i) for i in items)}")
+                         f"{', '.join(shown(i, PATH_LIMIT) for i in items)}")
     named = {os.fspath(Path(i)) for i in items if not os.path.isdir(i)}
     bad: list[ImageError | ReadError] = []
     for p in paths:
