@@ -47,9 +47,13 @@ setup: system $(STAMP) $(WEB)
 run: system $(STAMP)
 	$(BIN)/kestrel inspect
 
+# the suite's files run in parallel workers (pytest-xdist, one file per worker: module fixtures built once), one
+# per core up to four; much of it is single-threaded Python (exports, lowering, the site). TEST_WORKERS=0: in-process
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
+
 test: system $(STAMP) $(WEB)
 	$(BIN)/ruff check src tests bench
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 site: system $(STAMP)
 	$(BIN)/kestrel site --out site --serve

@@ -25,7 +25,7 @@ from PIL import Image
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 if not Path(CHROMIUM).exists():
-    pytest.skip(f"Debian's chromium is not installed ({CHROMIUM}); `make setup-browser` installs it",
+    pytest.skip(f"Debian's chromium is not installed ({CHROMIUM}); `make setup` installs it",
                 allow_module_level=True)
 
 from kestrel.cli.serve import vendor_dir  # noqa: E402
