@@ -11,6 +11,8 @@ virtual machine whose speed drifts between minutes two rows measured minutes apa
               ``kestrel doctor --onnxruntime`` would choose where it is faster
     int8      with ``--int8``: Kestrel eager loaded with ``quantize="int8"`` (its int8 races run first), for
               int8's speed-up over f32 measured call by call, not across processes
+    bf16      with ``--bf16``: Kestrel eager loaded with ``dtype="bf16"`` (its bf16 GEMM shapes calibrated
+              first), for bf16's speed-up over f32 in the same way
 
 Each round runs every path in turn (the order rotates every round), each twice in a row with the
 second call timed: a runtime's threads spin for a while after a call and slow the next call of
@@ -18,6 +20,7 @@ another. The medians of the timed calls are compared. No memory figures: the pat
 
     python bench/interleaved.py --models vit,dinov2,siglip,siglip-text,sam-decode --rounds 7 --out r.json
     python bench/interleaved.py --models sam-decode --int8 --rounds 9
+    python bench/interleaved.py --models vit,dinov2 --batch 8 --bf16 --rounds 5
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ MODELS = "vit,dinov2,siglip,siglip-text,sam-decode"  # the rows of run.py --quic
 
 
 def _paths(spec: Any, cfg: Any, ckpt: Path, image: int, batch: int, onnx_path: str,
-           threads: int, int8: bool) -> dict[str, Callable[[], Any]]:
+           threads: int, int8: bool, bf16: bool) -> dict[str, Callable[[], Any]]:
     import onnxruntime as ort
 
     import kestrel
@@ -67,6 +70,8 @@ def _paths(spec: Any, cfg: Any, ckpt: Path, image: int, batch: int, onnx_path: s
     paths |= {"hf": lambda: spec.reference_output(reference, inputs), "onnx": lambda: session.run(None, feeds)}
     if int8:
         paths["int8"] = eager(quantize="int8")
+    if bf16:
+        paths["bf16"] = eager(dtype="bf16")
     return paths
 
 
@@ -96,6 +101,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=physical_cores(), help="default: the physical cores")
     parser.add_argument("--int8", action="store_true",
                         help="also time Kestrel with quantize='int8' (its speed-up over f32)")
+    parser.add_argument("--bf16", action="store_true",
+                        help="also time Kestrel with dtype='bf16' (its speed-up over f32)")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -105,7 +112,8 @@ def main() -> int:
                                "versions": {"torch": torch.__version__}, "rounds": args.rounds, "rows": []}
     print(f"{cpu_name()}, {args.threads} threads; median of {args.rounds} timed calls per path, interleaved")
     print(f"{'row':<18} {'batch':>5} {'kestrel s':>10} {'hf s':>9} {'onnx s':>9} {'K / HF':>7} {'K / ORT':>8} "
-          f"{'others':>7}" + (f" {'int8 s':>9} {'f32 / int8':>10}" if args.int8 else ""))
+          f"{'others':>7}" + (f" {'int8 s':>9} {'f32 / int8':>10}" if args.int8 else "")
+          + (f" {'bf16 s':>9} {'f32 / bf16':>10}" if args.bf16 else ""))
     with tempfile.TemporaryDirectory(prefix="kestrel-interleaved-") as tmp:
         for m in args.models.split(","):
             spec = REGISTRY[m]
@@ -120,7 +128,7 @@ def main() -> int:
                 for b in ([min(batches)] if big else batches):
                     if b > spec.max_batch:
                         continue
-                    paths = _paths(spec, cfg, ckpt, image, b, onnx_path, args.threads, args.int8)
+                    paths = _paths(spec, cfg, ckpt, image, b, onnx_path, args.threads, args.int8, args.bf16)
                     with OtherLoad() as load:
                         times = measure(paths, args.rounds)
                     med = {n: statistics.median(t) for n, t in times.items()}
@@ -128,10 +136,11 @@ def main() -> int:
                            "other_load": load.share}
                     results["rows"].append(row)
                     others = "?" if load.share is None else f"{100 * load.share:.0f}%"
-                    int8 = f" {med['int8']:>9.4f} {med['kestrel'] / med['int8']:>9.2f}x" if "int8" in med else ""
+                    fast = "".join(f" {med[p]:>9.4f} {med['kestrel'] / med[p]:>9.2f}x" for p in ("int8", "bf16")
+                                   if p in med)
                     print(f"{m + '@' + str(image):<18} {b:>5} {med['kestrel']:>10.4f} {med['hf']:>9.4f} "
                           f"{med['onnx']:>9.4f} {med['kestrel'] / med['hf']:>6.2f}x "
-                          f"{med['kestrel'] / med['onnx']:>7.2f}x {others:>7}{int8}", flush=True)
+                          f"{med['kestrel'] / med['onnx']:>7.2f}x {others:>7}{fast}", flush=True)
                     del paths
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
