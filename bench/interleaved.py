@@ -56,9 +56,12 @@ def _paths(spec: Any, cfg: Any, ckpt: Path, image: int, batch: int, onnx_path: s
     def eager(**options: Any) -> Callable[[], Any]:
         model = kestrel.load(ckpt, **spec.load_kwargs(cfg, image), **options)
         entry = getattr(type(model), spec.entry).__get__(model)  # eager, whatever a race recorded
+        args = inputs
+        if options.get("dtype") == "bf16":  # a bf16 model takes bf16 images (the cast is the caller's, untimed)
+            args = tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs)
         with torch.no_grad():
-            calibration.calibrate_model(lambda: entry(*inputs))
-        return lambda: entry(*inputs)
+            calibration.calibrate_model(lambda: entry(*args))
+        return lambda: entry(*args)
 
     paths = {"kestrel": eager()}
     reference = spec.reference_class().from_pretrained(ckpt).eval()

@@ -152,6 +152,7 @@ def test_bf16_on_a_cpu_without_native_bf16_warns_that_it_will_be_slow(saved, mon
     from kestrel.errors import KestrelWarning
 
     monkeypatch.setattr("kestrel.runtime.load.native_half", lambda name: native)
+    monkeypatch.setattr("kestrel.runtime.load.measured_rates", lambda name: {"f32": 100.0, name: 190.0})
     d, _ = saved
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -164,6 +165,48 @@ def test_bf16_on_a_cpu_without_native_bf16_warns_that_it_will_be_slow(saved, mon
         assert ours[0].filename == __file__  # points at the caller's kestrel.load line
     else:
         assert ours == []
+
+
+def test_bf16_with_native_flags_but_slower_gemms_warns_with_the_measured_rates(saved, monkeypatch):
+    """An Intel Xeon with avx512_bf16 and no AMX: native by its flags, its bf16 GEMMs slower than f32's."""
+    import warnings
+
+    from kestrel.errors import KestrelWarning
+
+    monkeypatch.setattr("kestrel.runtime.load.native_half", lambda name: True)
+    monkeypatch.setattr("kestrel.runtime.load.measured_rates", lambda name: {"f32": 150.0, name: 90.0})
+    d, _ = saved
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        kestrel.load(d, dtype="bf16")
+    ours = [str(w.message) for w in seen if issubclass(w.category, KestrelWarning)]
+    assert len(ours) == 1 and "bf16 will be slow on this CPU" in ours[0]
+    assert "measured 90 GFLOP/s against f32's 150" in ours[0]
+
+
+def test_the_half_precision_rate_is_measured_once_per_machine(own_calibration, monkeypatch):
+    from kestrel.kernels import calibration, half
+
+    calls = []
+
+    def fake(names, n=1024, rounds=4):
+        calls.append(names)
+        return {"f32": 150.0, "bf16": 90.0}
+
+    monkeypatch.setattr(half, "gemm_rates", fake)
+    assert half.measured_rates("bf16") == {"f32": 150.0, "bf16": 90.0}
+    calibration.forget()  # a new process reads the table's file
+    assert half.measured_rates("bf16") == {"f32": 150.0, "bf16": 90.0}
+    assert calls == [("f32", "bf16")]
+    monkeypatch.setenv("KESTREL_CALIBRATE", "0")
+    assert half.measured_rates("f16") is None  # calibration off: nothing measured, no warning
+
+
+def test_the_half_precision_rates_are_real_gemm_rates():
+    from kestrel.kernels import half
+
+    rates = half.gemm_rates(("f32", "bf16"), n=128, rounds=2)
+    assert set(rates) == {"f32", "bf16"} and all(0 < r < 1e5 for r in rates.values())
 
 
 def test_the_command_line_prints_the_warning_as_one_line(saved, monkeypatch, capsys, tmp_path):

@@ -61,25 +61,6 @@ def gemm_rates(n: int = 1024, rounds: int = 5) -> dict[str, float]:
     return res["gflops"]
 
 
-def reduced_precision_rates(n: int = 1024, rounds: int = 4) -> dict[str, float]:
-    """Best GFLOP/s of f32, bf16 and f16 ``F.linear`` on one square problem, interleaved (what ``--dtype`` gets)."""
-    import torch.nn.functional as F
-
-    g = torch.Generator().manual_seed(0)
-    base = [torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)]
-    cases = {name: [t.to(dt) for t in base] for name, dt in (("f32", torch.float32), ("bf16", torch.bfloat16),
-                                                                ("f16", torch.float16))}
-    best = dict.fromkeys(cases, float("inf"))
-    for x, w in cases.values():
-        F.linear(x, w)
-    for _ in range(rounds):
-        for name, (x, w) in cases.items():
-            t = time.perf_counter()
-            F.linear(x, w)
-            best[name] = min(best[name], time.perf_counter() - t)
-    return {name: 2 * n ** 3 / t / 1e9 for name, t in best.items()}
-
-
 def cmd_doctor(args: argparse.Namespace) -> int:
     """this machine: GEMM rates, the kernel chosen per shape, and why
 
@@ -89,7 +70,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     """
     from ..kernels import calibration as calibrate
     from ..kernels import gemm as kernels
-    from ..kernels import library, settings
+    from ..kernels import half, library, settings
 
     if args.reset:
         from ..runtime.onnxruntime_entries import remove_programs
@@ -131,7 +112,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         cells = "  ".join(f"{k} {v:.1f}" for k, v in rates.items())
         print(f"  {t} thread(s): {cells}   (others used {_pct(other)} of the CPUs meanwhile)")
     torch.set_num_threads(args.threads or before)
-    rp = reduced_precision_rates(min(args.size, 1024))
+    rp = half.gemm_rates(n=min(args.size, 1024))
     faster = [k for k in ("bf16", "f16") if rp[k] > rp["f32"] * 1.1]
     rates = ", ".join(f"{k} {v:.1f}" for k, v in rp.items())
     print(f"  reduced precision at {torch.get_num_threads()} thread(s): {rates}"

@@ -22,6 +22,7 @@ from ..blocks.block import ENTRY_HOOKS, bind_generics, parameter_manifest
 from ..errors import KestrelWarning
 from ..kernels.allocator import release_after_burst, retain_freed_memory
 from ..kernels.calibration import native_half
+from ..kernels.half import measured_rates
 from ..models.cards import CARDS, FAMILIES, Card, CardError, Family, family_for_config, find_card
 from ..types.dtypes import DType, dtype_named, from_torch
 from .checkpoint import CheckpointError, Expected, load_tensors, plan_load, read_headers, safetensors_dtype
@@ -151,7 +152,7 @@ def load(name_or_dir: str | os.PathLike[str], *, weights: str | os.PathLike[str]
         raise CardError(f"{directory}: config.json is a {config.get('model_type')!r} model, but {card.name} is a "
                         f"{card.family.name} card")
     bound = _bind(family, config, dtype, generics, directory)
-    _warn_if_emulated(bound["T"], torch.device(device))
+    _warn_if_slow(bound["T"], torch.device(device))
     root = family.root(config)
     model = _build(root, family, config, bound, directory)
     model.configure(**family.settings(config))
@@ -172,12 +173,22 @@ def load(name_or_dir: str | os.PathLike[str], *, weights: str | os.PathLike[str]
     return model
 
 
-def _warn_if_emulated(dtype: DType | torch.dtype, device: torch.device) -> None:
-    """bf16 or f16 on a CPU without native arithmetic for it runs slower than f32: say so once per load."""
+def _warn_if_slow(dtype: DType | torch.dtype, device: torch.device) -> None:
+    """bf16 or f16 slower than f32 on this CPU: say so once per load. Without native arithmetic for it (by the
+    CPU's flags) it always is; with it, its GEMM rate is measured against f32's (once per machine)."""
     name = str(from_torch(dtype) if isinstance(dtype, torch.dtype) else dtype)
-    if device.type == "cpu" and name in ("bf16", "f16") and native_half(name) is False:
+    if device.type != "cpu" or name not in ("bf16", "f16"):
+        return
+    if native_half(name) is False:
         warnings.warn(f"{name} will be slow on this CPU: it has no native {name} arithmetic, so torch converts "
                       "to f32 for every GEMM and f32 is faster here (`kestrel doctor` measures both)",
+                      KestrelWarning, stacklevel=3)
+        return
+    rates = measured_rates(name)
+    if rates is not None and rates[name] < rates["f32"]:
+        warnings.warn(f"{name} will be slow on this CPU: its {name} GEMMs measured {rates[name]:.0f} GFLOP/s against "
+                      f"f32's {rates['f32']:.0f} at {torch.get_num_threads()} thread(s), so the f32 default is faster "
+                      "here (`kestrel doctor` measures both; --quantize int8 is the fast path)",
                       KestrelWarning, stacklevel=3)
 
 
