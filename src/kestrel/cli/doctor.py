@@ -33,7 +33,8 @@ FLOPs are counted by torch's FlopCounterMode on one call (matmuls, convolutions,
 With --dtype or --quantize the fast path is timed interleaved with f32 on the same inputs ("speed-up" is
 f32's median over its own); --accuracy then compares it with f32 as the family's users see the output: feature cosine,
 top-1/top-5 agreement (classifiers), zero-shot ranking agreement (image-text models), mask IoU after
-post-processing (segmenters). On a CPU without native bf16, bf16 is slower than f32 (a warning says so).
+post-processing (segmenters). Where bf16 is slower than f32 (no native bf16, or bf16 GEMMs measured
+slower, as on a Xeon with avx512_bf16 but no AMX) a warning says so.
 """
 
 
