@@ -193,7 +193,7 @@ def test_the_half_precision_rate_is_measured_once_per_machine(own_calibration, m
         calls.append(names)
         return {"f32": 150.0, "bf16": 90.0}
 
-    monkeypatch.setattr(half, "gemm_rates", fake)
+    monkeypatch.setattr(half, "dtype_rates", fake)
     assert half.measured_rates("bf16") == {"f32": 150.0, "bf16": 90.0}
     calibration.forget()  # a new process reads the table's file
     assert half.measured_rates("bf16") == {"f32": 150.0, "bf16": 90.0}
@@ -205,7 +205,7 @@ def test_the_half_precision_rate_is_measured_once_per_machine(own_calibration, m
 def test_the_half_precision_rates_are_real_gemm_rates():
     from kestrel.kernels import half
 
-    rates = half.gemm_rates(("f32", "bf16"), n=128, rounds=2)
+    rates = half.dtype_rates(("f32", "bf16"), n=128, rounds=2)
     assert set(rates) == {"f32", "bf16"} and all(0 < r < 1e5 for r in rates.values())
 
 

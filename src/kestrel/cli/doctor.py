@@ -113,7 +113,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         cells = "  ".join(f"{k} {v:.1f}" for k, v in rates.items())
         print(f"  {t} thread(s): {cells}   (others used {_pct(other)} of the CPUs meanwhile)")
     torch.set_num_threads(args.threads or before)
-    rp = half.gemm_rates(n=min(args.size, 1024))
+    rp = half.dtype_rates(n=min(args.size, half.PROBE))
     faster = [k for k in ("bf16", "f16") if rp[k] > rp["f32"] * 1.1]
     rates = ", ".join(f"{k} {v:.1f}" for k, v in rp.items())
     print(f"  reduced precision at {torch.get_num_threads()} thread(s): {rates}"

@@ -18,9 +18,10 @@ import torch.nn.functional as F
 from . import calibration, settings
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+PROBE = 1024  # the measured problem is PROBE x PROBE x PROBE: ~2 GFLOP, tens of milliseconds per dtype
 
 
-def gemm_rates(names: tuple[str, ...] = ("f32", "bf16", "f16"), n: int = 1024, rounds: int = 4) -> dict[str, float]:
+def dtype_rates(names: tuple[str, ...] = ("f32", "bf16", "f16"), n: int = PROBE, rounds: int = 4) -> dict[str, float]:
     """Best GFLOP/s of ``F.linear`` on one ``n x n x n`` problem in each dtype of ``names``, interleaved."""
     g = torch.Generator().manual_seed(0)
     base = [torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)]
@@ -48,6 +49,6 @@ def measured_rates(name: str) -> dict[str, float] | None:
         return hit["gflops"]
     if not settings.calibrate():
         return None
-    rates = gemm_rates(("f32", name))
-    table.put_entry(key, {"gflops": rates, "n": 1024})
+    rates = dtype_rates(("f32", name))
+    table.put_entry(key, {"gflops": rates, "n": PROBE})
     return rates
