@@ -200,6 +200,12 @@ def test_the_half_precision_rate_is_measured_once_per_machine(own_calibration, m
     assert calls == [("f32", "bf16")]
     monkeypatch.setenv("KESTREL_CALIBRATE", "0")
     assert half.measured_rates("f16") is None  # calibration off: nothing measured, no warning
+    monkeypatch.delenv("KESTREL_CALIBRATE")
+    monkeypatch.setattr(half, "others_share", lambda fn: (fn(), 0.6))  # another process took the cores
+    assert half.measured_rates("f16") == {"f32": 150.0, "bf16": 90.0}
+    calibration.forget()
+    half.measured_rates("f16")  # a disturbed measurement is not reused by the next process
+    assert calls == [("f32", "bf16"), ("f32", "f16"), ("f32", "f16")]
 
 
 def test_the_half_precision_rates_are_real_gemm_rates():

@@ -5,7 +5,8 @@ A CPU whose flags show no native arithmetic for a dtype has torch convert to f32
 slower than f32: on an Intel Xeon (family 6, model 207) with ``avx512_bf16`` and no AMX, oneDNN's bf16
 GEMMs reached 181 GFLOP/s where f32 reached 334 (2 threads), while an AMD EPYC with the same flag runs bf16
 at about twice its f32 rate. So the rate is measured: one square GEMM in f32 and in the dtype,
-interleaved, once per machine key, kept in the calibration table (key ``rate bf16``).
+interleaved, once per machine key, kept in the calibration table (key ``rate bf16``) unless other
+processes took the cores meanwhile.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from . import calibration, settings
+from .contention import note_load, others_share
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 PROBE = 1024  # the measured problem is PROBE x PROBE x PROBE: ~2 GFLOP, tens of milliseconds per dtype
@@ -49,6 +51,7 @@ def measured_rates(name: str) -> dict[str, float] | None:
         return hit["gflops"]
     if not settings.calibrate():
         return None
-    rates = dtype_rates(("f32", name))
-    table.put_entry(key, {"gflops": rates, "n": PROBE})
+    # measured while other processes took the cores, the rates serve this process and the next measures again
+    rates, others = others_share(lambda: dtype_rates(("f32", name)))
+    table.put_entry(key, note_load({"gflops": rates, "n": PROBE}, others))
     return rates
