@@ -111,6 +111,9 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batch.split(",")]
+    unknown = [m for m in args.models.split(",") if m not in REGISTRY]
+    if unknown:
+        parser.error(f"unknown row(s) {', '.join(unknown)}: choose from {', '.join(REGISTRY)}")
     results: dict[str, Any] = {"kind": "interleaved", "machine": {"cpu": cpu_name(), "threads": args.threads},
                                "versions": {"torch": torch.__version__}, "rounds": args.rounds, "rows": []}
     print(f"{cpu_name()}, {args.threads} threads; median of {args.rounds} timed calls per path, interleaved")

@@ -100,6 +100,7 @@ def test_a_program_that_misses_the_tolerance_is_rejected(small_vit, own_calibrat
     assert backend.runs_on(model, "forward", *x) == "eager"
 
 
+@pytest.mark.filterwarnings("ignore::kestrel.errors.KestrelWarning")  # 'bf16 will be slow' on some CPUs
 def test_only_f32_checkpoints_take_part(small_vit, own_calibration):
     directory = small_vit()
     assert backend.ineligible(kestrel.load(directory)) is None
