@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import REGISTRY, OtherLoad, cpu_name, export_job, physical_cores, save_checkpoint
+from run import REGISTRY, OtherLoad, bf16_inputs, cpu_name, export_job, physical_cores, save_checkpoint
 
 MODELS = "vit,dinov2,siglip,siglip-text,sam-decode"  # the rows of run.py --quick
 
@@ -58,7 +58,7 @@ def _paths(spec: Any, cfg: Any, ckpt: Path, image: int, batch: int, onnx_path: s
         entry = getattr(type(model), spec.entry).__get__(model)  # eager, whatever a race recorded
         args = inputs
         if options.get("dtype") == "bf16":  # a bf16 model takes bf16 images (the cast is the caller's, untimed)
-            args = tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs)
+            args = bf16_inputs(inputs)
         with torch.no_grad():
             calibration.calibrate_model(lambda: entry(*args))
         return lambda: entry(*args)

@@ -90,6 +90,11 @@ RESULT_MARK = "@@BENCH-RESULT "
 MALLOC_CACHE = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647"
 INPUT_SEED = 1234
 
+def bf16_inputs(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """A bf16 model's inputs: its float tensors in bf16 (images), the rest (token ids) as they are."""
+    return tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs)
+
+
 
 # ------------------------------------------------------------------------------------ FLOPs
 
@@ -537,7 +542,7 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
                              **spec.load_kwargs(cfg, image))
         entry = getattr(model, spec.entry)
         if variant == "kestrel-bf16":  # the model takes bf16 images; the output is compared in f32
-            inputs = tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs)
+            inputs = bf16_inputs(inputs)
 
         def fn(*xs: torch.Tensor) -> Any:
             return spec.output(entry(*xs)).float()
