@@ -81,6 +81,38 @@ def test_measure_streams_cold_copies_of_a_small_weight_and_drops_them(monkeypatc
     assert set(seen) == {w.data_ptr()}
 
 
+def test_two_packing_kernels_are_each_timed_on_their_own_layouts(monkeypatch):
+    """A weight keeps one packed layout, and the timing copies are shared: two packing kernels in the race
+    replace each other's layouts. Each packs its own before its pass, untimed, and never inside one (there each
+    was timed clean in one round of three, and a slow round chose the wrong kernel for a model's shape)."""
+    from kestrel.kernels import library
+
+    x, w, b = _data(m=8, k=64, n=64)
+    events: list[tuple[str, str]] = []
+
+    def packing(name: str) -> library.Kernel:
+        def pack(weight, rows):
+            events.append(("pack", name))
+            return weight.clone()
+
+        def run_packed(x, layout, weight, bias, rows):
+            events.append(("run", name))
+            return F.linear(x, layout, bias)
+
+        return library.Kernel(name, "test", library._packing(name), pack=pack, run_packed=run_packed, any_rows=True)
+
+    for name in ("pack-a", "pack-b"):
+        monkeypatch.setitem(kernels.KERNELS, name, packing(name))
+    monkeypatch.setattr(kernels, "COLD_BYTES", 16 * w.numel() * w.element_size())
+    kernels.measure(x, w, b, kernels=["torch", "pack-a", "pack-b"], budget_s=0.0)
+    runs = [e for e in events if e[0] == "run"]
+    assert len(runs) == 2 * (1 + 16 * kernels.CAL_ROUNDS[0])  # the check call, then every timed pass
+    packs = [e for e in events if e[0] == "pack"]
+    assert len(packs) > 2 * 16  # the two did replace each other's layouts between rounds
+    inside = [i for i in range(1, len(events)) if events[i][0] == "pack" and events[i - 1] == ("run", events[i][1])]
+    assert not inside, f"{len(inside)} packs inside a timed pass"
+
+
 def test_the_pick_prefers_the_default_within_noise():
     assert kernels._pick({"torch": 100, "a": 102, "packed": 101}) == "torch"   # within noise: the default
     assert kernels._pick({"torch": 100, "a": 110, "packed": 115}) == "packed"
@@ -503,8 +535,8 @@ def test_int8_runs_only_where_it_measured_faster_than_the_shapes_f32_kernel(monk
     real_race = kernels._race
     verdict = {}
 
-    def race(runs, copies, budget_s):  # the real race (every path runs), then the verdict asked for
-        best, others = real_race(runs, copies, 0.01)
+    def race(runs, copies, budget_s, prepare=None):  # the real race (every path runs), then the verdict asked for
+        best, others = real_race(runs, copies, 0.01, prepare)
         if "int8" in runs:  # every int8 kernel (one per quantized engine) gets the verdict
             slow = max(best.values()) * 10
             best = {nm: (slow if nm.startswith("int8") == (verdict["int8"] == "slower") else t)

@@ -30,11 +30,13 @@ import torch
 from . import library, settings
 from .weights import WEIGHTS
 
-VERSION = 7  # of the file format and of the measuring procedure (2: streamed, cold weights; 3: packed always
+VERSION = 8  # of the file format and of the measuring procedure (2: streamed, cold weights; 3: packed always
 # measured, with the in-place fallback; 4: the machine's load recorded, a disturbed choice not reused: tables
 # of 3 held choices measured while other processes took the cores, 5-10x below the machine's rates; 5: bf16
 # shapes measured among the bf16 kernels, under keys of their own; 6: int8 shapes race every quantized engine;
-# 7: up to 4096 rows timed, not 2048, and close races run longer)
+# 7: up to 4096 rows timed, not 2048, and close races run longer; 8: every timed pass of a packed kernel on its
+# own layouts: MKL's and oneDNN's packing shared the weight copies and repacked them in turn, so each was timed
+# clean in one round of three, and one slow round chose torch's GEMM for DINOv2-B's fc1 at 257 rows, 25% slower)
 
 
 def cache_dir() -> Path:
