@@ -438,7 +438,8 @@ def measure_int8(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
             packs = [_quantize(w, bias, engine) for w in weights]
             runs[name] = functools.partial(_run_int8, x, packs)
         runs[f32] = functools.partial(_run_on, KERNELS[f32].run, x, weights, bias)  # what choose() gave it
-        best, others = _race(runs, copies, budget_s)
+        prepare = {f32: functools.partial(_pack_all, KERNELS[f32], weights, m)} if KERNELS[f32].copies_weight else {}
+        best, others = _race(runs, copies, budget_s, prepare)
         for w in weights:
             WEIGHTS.pop("packed", (w,))
         del runs
