@@ -34,6 +34,20 @@ def test_doctor_prints_rates_and_the_choice_per_shape(vit_dir, capsys):
     assert not list(calibrate.cache_dir().glob("*.json"))
 
 
+def test_doctor_lists_a_cached_half_precision_rate(capsys):
+    """A bf16 load keeps its measured GEMM rate in the calibration table (``rate bf16``, no kernel in it):
+    the doctor lists it among the cached choices (it ended in an internal error on that entry)."""
+    from kestrel.kernels import half
+
+    rates = half.measured_rates("bf16")
+    if rates is None:
+        pytest.skip("no bf16 GEMM in this torch build")
+    assert main(["doctor", "--size", "256"]) == 0
+    out = capsys.readouterr().out
+    line = next(row for row in out.splitlines() if "rate bf16" in row)
+    assert f"bf16 {rates['bf16']:.1f}" in line and f"f32 {rates['f32']:.1f}" in line, line
+
+
 def test_doctor_names_a_bad_model_or_entry_before_measuring_anything(vit_dir, tmp_path, capsys):
     assert main(["doctor", "--model", str(tmp_path / "nowhere")]) == 2
     captured = capsys.readouterr()

@@ -293,6 +293,10 @@ def format_choices(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
             why = r.get("rejected") or times
             out.append(f"  {s}: {r.get('kernel', 'eager')}" + (f"  ({why})" if why else ""))
             continue
+        if s.startswith("rate "):  # a half-precision dtype's GEMM rate beside f32's (kernels.half)
+            rates = ", ".join(f"{nm} {v:.1f}" for nm, v in r.get("gflops", {}).items())
+            out.append(f"  {s:<27} {r.get('n', '?')}^3 GEMM: {rates} GFLOP/s")
+            continue
         if s.startswith("int8 "):  # int8 raced against this shape's f32 kernel
             rates = ", ".join(f"{nm} {v:.1f}" for nm, v in r.get("gflops", {}).items())
             out.append(f"  {s:<27} {r['kernel']:<11}" + (f"  ({rates} GFLOP/s)" if rates else ""))
@@ -304,5 +308,5 @@ def format_choices(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
             why = "  rejected: " + "; ".join(f"{k} {v}" for k, v in r["rejected"].items())
         if not rates:
             why = "  (not measured: small, forced or calibration off)"
-        out.append(f"  {s:<22} {r['kernel']:<13} {cells}{why}")
+        out.append(f"  {s:<22} {r.get('kernel', '-'):<13} {cells}{why}")
     return out
