@@ -3,6 +3,7 @@ every path the calibration may pick keeps parity, and the fused q/k/v projection
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -46,6 +47,44 @@ def test_every_candidate_matches_f_linear(name):
         out = kernels.KERNELS[name].run(x, w, bias)
         assert out.shape == ref.shape
         assert rel_diff(out, F.linear(x, w, bias)) < 1e-6
+
+
+@pytest.mark.parametrize("name", sorted(kernels.KERNELS))
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_a_linear_with_its_gelu_matches_the_two_ops_on_every_kernel(monkeypatch, name, approximate):
+    monkeypatch.setenv("KESTREL_LINEAR", name)
+    monkeypatch.setenv("KESTREL_WEIGHT_COPIES", "1")  # a packing kernel may copy this in-memory weight
+    x, w, b = _data()
+    w = torch.nn.Parameter(w, requires_grad=False)
+    fused_calls = []
+    if kernels.KERNELS[name].run_gelu_tanh is not None:  # count the calls that took the GEMM's post-op
+        fused = kernels.KERNELS[name].run_gelu_tanh
+        monkeypatch.setitem(kernels.KERNELS, name, dataclasses.replace(
+            kernels.KERNELS[name], run_gelu_tanh=lambda *a: fused_calls.append(1) or fused(*a)))
+    with torch.no_grad():
+        for bias in (b, None):
+            want = F.gelu(F.linear(x, w, bias), approximate=approximate)
+            out = ops.linear_gelu(x.view(3, 100, 96), w, bias, approximate)
+            assert out.shape == (3, 100, 200)
+            assert rel_diff(out.view(300, 200), want) < 1e-6
+    # oneDNN's kernels apply the tanh GELU inside the GEMM; the exact GELU and other kernels run it after
+    expected = 2 if approximate == "tanh" and name.startswith("onednn") else 0
+    assert len(fused_calls) == expected
+
+
+def test_a_linear_with_its_gelu_keeps_the_two_ops_in_graphs_and_int8():
+    x, w, b = _data()
+    w.requires_grad_(True)
+    out = ops.linear_gelu(x, w, b, "tanh")  # autograd records the plain ops
+    out.sum().backward()
+    assert w.grad is not None
+    assert rel_diff(out.detach(), F.gelu(F.linear(x, w.detach(), b), approximate="tanh")) < 1e-6
+    if kernels.int8_available():
+        q = torch.nn.Parameter(w.detach().clone(), requires_grad=False)
+        kernels.mark_int8(q)
+        with torch.no_grad():
+            y = ops.linear_gelu(x, q, b, "tanh")
+        assert rel_diff(y, F.gelu(F.linear(x, q, b), approximate="tanh")) < 0.05  # int8's error, not f32's
 
 
 def test_measure_times_every_candidate_and_rejects_a_wrong_one(monkeypatch):

@@ -126,6 +126,11 @@ def _linear(rnd):
     return ops.linear, (x, w, b), {}
 
 
+def _linear_gelu(rnd):
+    _, (x, w, b), _ = _linear(rnd)
+    return ops.linear_gelu, (x, w, b), {"approximate": rnd.choice(["none", "tanh", "erf"])}
+
+
 def _fused_linear(rnd):
     n_in = rnd.randint(1, 3)
     x = f32(rnd, 2, n_in)
@@ -433,7 +438,7 @@ TABLE: dict[str, Callable[[random.Random], tuple]] = {
     "exp": _unary(ops.exp), "sin": _unary(ops.sin), "cos": _unary(ops.cos), "abs": _unary(ops.abs_),
     "gelu": _gelu(ops.gelu), "gelu_": _gelu(ops.gelu_), "eq": _compare(ops.eq), "gt": _compare(ops.gt),
     "ge": _compare(ops.ge), "where": _where, "cast": _cast,
-    "linear": _linear, "fused_linear": _fused_linear, "matmul": _matmul,
+    "linear": _linear, "linear_gelu": _linear_gelu, "fused_linear": _fused_linear, "matmul": _matmul,
     "conv2d": _conv2d, "depthwise_conv2d": _depthwise_conv2d,
     "conv1d": _conv1d, "conv_transpose2x2": _conv_transpose, "interpolate": _interpolate,
     "max_pool2d": _max_pool, "layer_norm": _layer_norm, "layer_norm_chw": _layer_norm_chw, "rms_norm": _rms_norm,

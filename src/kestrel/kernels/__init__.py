@@ -2,7 +2,8 @@
 
     settings     every environment variable Kestrel reads
     library      the GEMM paths installed here (torch, oneDNN, oneDNN and MKL packed) and weight packing
-    gemm         the per-shape GEMM choice, fused projections, the 2 x 2 transposed convolution, int8
+    gemm         the per-shape GEMM choice, fused projections, a linear with its GELU, the 2 x 2 transposed
+                 convolution, int8
     attention    plain attention by measured choice (fused or two GEMMs); decomposed relative positions in
                  calibrated slices
     activations  the tanh GELU in place
@@ -21,11 +22,11 @@ from __future__ import annotations
 
 from .activations import gelu_tanh_
 from .attention import sdpa
-from .gemm import conv_transpose2x2, fused_linear, linear
+from .gemm import conv_transpose2x2, fused_linear, linear, linear_gelu
 from .layout import contiguous
 from .library import eager_ok, plain_inference
 from .norms import layer_norm_chw
 from .positions import grid_fourier
 
 __all__ = ["contiguous", "conv_transpose2x2", "eager_ok", "fused_linear", "gelu_tanh_", "grid_fourier",
-           "layer_norm_chw", "linear", "plain_inference", "sdpa"]
+           "layer_norm_chw", "linear", "linear_gelu", "plain_inference", "sdpa"]

@@ -57,6 +57,9 @@ class Kernel:
     pack: Callable[[torch.Tensor, int], torch.Tensor] | None = None
     run_packed: PackedLinear | None = None
     any_rows: bool = False
+    # ``run`` with the tanh-approximate GELU applied to the output in the same call (oneDNN's post-op on each
+    # output tile, before it is stored), where the library has one
+    run_gelu_tanh: Linear | None = None
 
     @property
     def copies_weight(self) -> bool:
@@ -73,6 +76,10 @@ def _torch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Te
 
 def _onednn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+
+
+def _onednn_gelu_tanh(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, "gelu", [], "tanh")
 
 
 def packed(w: torch.Tensor, rows: int, kernel: Kernel) -> torch.Tensor:
@@ -146,6 +153,11 @@ def _packing(name: str) -> Linear:
     return run
 
 
+def _onednn_packed_gelu_tanh(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    layout = packed(w, x.shape[0], KERNELS["onednn-packed"])
+    return torch.ops.mkldnn._linear_pointwise(x, layout, b, "gelu", [], "tanh")
+
+
 def _config_line(prefix: str) -> str:
     for line in torch.__config__.show().splitlines():
         if prefix in line:
@@ -168,11 +180,12 @@ def mkl_version() -> str:
 def _available() -> dict[str, Kernel]:
     out = {"torch": Kernel("torch", "torch default (addmm)", _torch, DTYPES)}
     if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
-        out["onednn"] = Kernel("onednn", f"oneDNN {onednn_version()}", _onednn, DTYPES)
+        out["onednn"] = Kernel("onednn", f"oneDNN {onednn_version()}", _onednn, DTYPES,
+                               run_gelu_tanh=_onednn_gelu_tanh)
         if hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
             out["onednn-packed"] = Kernel("onednn-packed", f"oneDNN {onednn_version()} reordered weights",
                                           _packing("onednn-packed"), DTYPES, _onednn_pack, _onednn_run_packed,
-                                          any_rows=True)
+                                          any_rows=True, run_gelu_tanh=_onednn_packed_gelu_tanh)
     if torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear"):
         out["mkl-packed"] = Kernel("mkl-packed", f"MKL {mkl_version()} packed GEMM", _packing("mkl-packed"),
                                    F32_ONLY, _mkl_pack, _mkl_run_packed)

@@ -30,7 +30,7 @@ class Mlp(Block):
     down: Linear["Inner, D, T"]
 
     def forward(self, x: "Tensor[*S, D; T]") -> "Tensor[*S, D; T]":
-        return self.down(ops.gelu_(self.up(x), approximate=self.approximate))
+        return self.down(ops.linear_gelu(x, self.up.weight, self.up.bias, self.approximate))
 
 
 class Attention(transformer.SelfAttention):

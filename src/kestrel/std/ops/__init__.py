@@ -65,7 +65,7 @@ from .layout import (
     unsqueeze,
     view,
 )
-from .linalg import bmm, fused_linear, linear, matmul
+from .linalg import bmm, fused_linear, linear, linear_gelu, matmul
 from .norm import l2_normalize, layer_norm, layer_norm_chw, rms_norm, softmax
 from .reduce import amax, argmax, mean, sum_
 
@@ -77,8 +77,8 @@ __all__ = [
     "depthwise_conv2d", "dim_like",
     "div", "embedding", "eq", "exp", "expand", "flatten", "float_dtype", "fused_linear", "gather", "ge", "gelu",
     "gelu_", "getitem", "grid_fourier", "gt", "interpolate", "kind_of", "l2_normalize", "last_dim", "layer_norm",
-    "layer_norm_chw", "like", "linear", "matmul", "max_pool2d", "mean", "mul", "multihead_attention", "nonneg",
-    "numeric_dtype", "pad", "permute", "positive", "qkv_dims", "relative_positions", "relu", "repeat", "reshape",
-    "rms_norm", "same", "same_dtype", "scalar_fits", "sigmoid", "silu", "sin", "softmax", "split", "squeeze",
+    "layer_norm_chw", "like", "linear", "linear_gelu", "matmul", "max_pool2d", "mean", "mul", "multihead_attention",
+    "nonneg", "numeric_dtype", "pad", "permute", "positive", "qkv_dims", "relative_positions", "relu", "repeat",
+    "reshape", "rms_norm", "same", "same_dtype", "scalar_fits", "sigmoid", "silu", "sin", "softmax", "split", "squeeze",
     "stack", "sub", "sum_", "take_along", "tanh", "transpose", "unsqueeze", "view", "where",
 ]

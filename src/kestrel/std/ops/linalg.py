@@ -1,4 +1,4 @@
-"""Linear algebra: linear (one or several fused projections) and the matrix product."""
+"""Linear algebra: linear (one or several fused projections, or followed by its GELU) and the matrix product."""
 
 from __future__ import annotations
 
@@ -45,6 +45,25 @@ def _linear_rule(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None)
         same(b[0], w[0], "linear: bias length differs from the output features", bias, weight)
         same_dtype(bias, weight, "linear bias")
     return like(x, [*x.dims[:-1], w[0]])
+
+
+@op("linear_gelu")
+def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                approximate: str = "none") -> torch.Tensor:
+    """``gelu(linear(x, weight, bias), approximate)``: an MLP's first projection and its activation.
+
+    Kernel: as ``linear``; where that kernel is oneDNN's and the GELU the tanh approximation, the GELU is
+    applied to each output tile inside the GEMM (:func:`kestrel.kernels.gemm.linear_gelu`), else the GELU
+    runs in place on the fresh output. ``F.gelu(F.linear(...))`` in compiled, exported and autograd graphs.
+    """
+    return kernels.linear_gelu(x, weight, bias, approximate)
+
+
+@linear_gelu.rule
+def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None, approximate: str = "none") -> SymTensor:
+    if approximate not in ("none", "tanh"):
+        raise ShapeError(f"linear_gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return _linear_rule(x, weight, bias)
 
 
 @op("fused_linear")
