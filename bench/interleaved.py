@@ -42,6 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import REGISTRY, OtherLoad, bf16_inputs, cpu_name, export_job, physical_cores, save_checkpoint
 
 MODELS = "vit,dinov2,siglip,siglip-text,sam-decode"  # the rows of run.py --quick
+# onnxruntime's worker threads spin for ~50 ms after a run (its default), and torch's GEMMs run 3-6x slower
+# meanwhile (one AMD EPYC, 2 threads: a 64 x 768 -> 3072 GEMM 4-9.6 ms right after a run, 1.4 ms from 50 ms on):
+# with calls shorter than that, the untimed call of the next path did not absorb it all
+SETTLE_S = 0.1
 
 
 def _paths(spec: Any, cfg: Any, ckpt: Path, image: int, batch: int, onnx_path: str,
@@ -78,8 +82,9 @@ def _paths(spec: Any, cfg: Any, ckpt: Path, image: int, batch: int, onnx_path: s
     return paths
 
 
-def measure(paths: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
-    """Timed calls per path: every round runs each path twice in a row, the second timed."""
+def measure(paths: dict[str, Callable[[], Any]], rounds: int, settle_s: float = SETTLE_S) -> dict[str, list[float]]:
+    """Timed calls per path: every round runs each path twice in a row, the second timed, after ``settle_s``
+    of idle time in which the previous path's threads stop spinning."""
     names = list(paths)
     times: dict[str, list[float]] = {n: [] for n in names}
     with torch.inference_mode():
@@ -88,6 +93,7 @@ def measure(paths: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[
         for r in range(rounds):
             shift = r % len(names)
             for name in names[shift:] + names[:shift]:
+                time.sleep(settle_s)
                 paths[name]()
                 t = time.perf_counter()
                 paths[name]()
@@ -106,6 +112,9 @@ def main() -> int:
                         help="also time Kestrel with quantize='int8' (its speed-up over f32)")
     parser.add_argument("--bf16", action="store_true",
                         help="also time Kestrel with dtype='bf16' (its speed-up over f32)")
+    parser.add_argument("--settle", type=float, default=SETTLE_S,
+                        help=f"idle seconds before each path's calls, for the last one's threads to stop spinning "
+                             f"(default {SETTLE_S})")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -115,7 +124,8 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown row(s) {', '.join(unknown)}: choose from {', '.join(REGISTRY)}")
     results: dict[str, Any] = {"kind": "interleaved", "machine": {"cpu": cpu_name(), "threads": args.threads},
-                               "versions": {"torch": torch.__version__}, "rounds": args.rounds, "rows": []}
+                               "versions": {"torch": torch.__version__}, "rounds": args.rounds,
+                               "settle_s": args.settle, "rows": []}
     print(f"{cpu_name()}, {args.threads} threads; median of {args.rounds} timed calls per path, interleaved")
     print(f"{'row':<18} {'batch':>5} {'kestrel s':>10} {'hf s':>9} {'onnx s':>9} {'K / HF':>7} {'K / ORT':>8} "
           f"{'others':>7}" + (f" {'int8 s':>9} {'f32 / int8':>10}" if args.int8 else "")
@@ -136,7 +146,7 @@ def main() -> int:
                         continue
                     paths = _paths(spec, cfg, ckpt, image, b, onnx_path, args.threads, args.int8, args.bf16)
                     with OtherLoad() as load:
-                        times = measure(paths, args.rounds)
+                        times = measure(paths, args.rounds, args.settle)
                     med = {n: statistics.median(t) for n, t in times.items()}
                     row = {"model": m, "image": image, "batch": b, "median": med, "times": times,
                            "other_load": load.share}

@@ -132,3 +132,17 @@ def test_doctor_races_the_entry_and_prints_the_choice(small_vit, own_calibration
     assert not backend.remove_programs()
     assert main(["doctor", "--onnxruntime"]) == 2
     assert "--onnxruntime races a model's entry: give the model with --model" in capsys.readouterr().err
+
+
+def test_each_path_of_a_race_is_timed_after_the_one_before_has_settled(monkeypatch):
+    """onnxruntime's threads spin for a while after a run; a path timed in that window pays for it. So the
+    race idles before each path's calls: here the clock shows the settle before every path of every round."""
+    from kestrel.runtime import race as timing
+
+    events: list[str] = []
+    monkeypatch.setattr(timing.time, "sleep", lambda s: events.append(f"sleep {s}"))
+    paths = {"a": lambda: events.append("a"), "b": lambda: events.append("b")}
+    best = timing.best_times(paths, (), {}, trials=2, calls=2)
+    assert set(best) == {"a", "b"}
+    settle = f"sleep {timing.SETTLE_S}"
+    assert events == [settle, "a", "a", settle, "b", "b", settle, "b", "b", settle, "a", "a"]
