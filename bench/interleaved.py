@@ -14,9 +14,10 @@ virtual machine whose speed drifts between minutes two rows measured minutes apa
     bf16      with ``--bf16``: Kestrel eager loaded with ``dtype="bf16"`` (its bf16 GEMM shapes calibrated
               first), for bf16's speed-up over f32 in the same way
 
-Each round runs every path in turn (the order rotates every round), each twice in a row with the
-second call timed: a runtime's threads spin for a while after a call and slow the next call of
-another. The medians of the timed calls are compared. No memory figures: the paths share a process.
+Each round runs every path in turn (the order rotates every round), each after 0.1 s idle (``--settle``) and
+twice in a row with the second call timed: a runtime's threads spin for a while after a call (onnxruntime's
+for ~50 ms) and slow whatever runs meanwhile. The medians of the timed calls are compared. No memory figures:
+the paths share a process.
 
     python bench/interleaved.py --models vit,dinov2,siglip,siglip-text,sam-decode --rounds 7 --out r.json
     python bench/interleaved.py --models sam-decode --int8 --rounds 9
