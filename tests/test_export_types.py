@@ -327,3 +327,20 @@ def test_page_checks_the_split_decoder_signature(tmp_path):
     (result,) = json.loads(done.stdout)
     assert result["error"].startswith("sam2::Model.sam2_decoder (decode_points.onnx): sparse has N = 4, but the "
                                       "program was exported with N = 3")
+
+
+def test_onnxruntime_sessions_do_not_spin_after_a_run(tmp_path):
+    """A program's session runs beside torch work in the same process (pre- and post-processing, eager
+    entries): its worker threads must not spin for tens of milliseconds after each run, as onnxruntime's
+    do by default, taking the cores from that work."""
+    from onnx import TensorProto, helper
+
+    from kestrel.runtime import exported
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    path = tmp_path / "relu.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    session = exported._session(path, 1)
+    assert session.get_session_options().get_session_config_entry(exported.SPIN_ENTRY) == "0"
