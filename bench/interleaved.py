@@ -39,14 +39,12 @@ from typing import Any
 
 import torch
 
+from kestrel.runtime.race import SETTLE_S  # idle before each path: onnxruntime's threads spin after a run
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import REGISTRY, OtherLoad, bf16_inputs, cpu_name, export_job, physical_cores, save_checkpoint
 
 MODELS = "vit,dinov2,siglip,siglip-text,sam-decode"  # the rows of run.py --quick
-# onnxruntime's worker threads spin for ~50 ms after a run (its default), and torch's GEMMs run 3-6x slower
-# meanwhile (one AMD EPYC, 2 threads: a 64 x 768 -> 3072 GEMM 4-9.6 ms right after a run, 1.4 ms from 50 ms on):
-# with calls shorter than that, the untimed call of the next path did not absorb it all
-SETTLE_S = 0.1
 
 
 def _paths(spec: Any, cfg: Any, ckpt: Path, image: int, batch: int, onnx_path: str,

@@ -287,7 +287,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if not eager_ok(x, weight) or x.numel() == 0:
         return F.linear(x, weight, bias)
     x2d = _rows(x)
-    if _INT8_MARKED[0] and x2d.dtype == torch.float32 and getattr(weight, _INT8_FLAG, False):
+    if x2d.dtype == torch.float32 and _marked_int8(weight):
         int8 = _decide_int8(x2d, weight, bias)
         if int8 is not None:
             y = torch.ops.quantized.linear_dynamic(x2d, _int8_packed(weight, bias, int8), True)
@@ -308,7 +308,7 @@ def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     the GEMM, then the GELU in place on its fresh output. Graphs see ``F.linear`` + ``F.gelu``."""
     if not eager_ok(x, weight) or x.numel() == 0:
         return F.gelu(F.linear(x, weight, bias), approximate=approximate)
-    if approximate == "tanh" and not (_INT8_MARKED[0] and getattr(weight, _INT8_FLAG, False)):
+    if approximate == "tanh" and not _marked_int8(weight):
         x2d = _rows(x)
         fused = KERNELS[_decide(x2d, weight, bias)].run_gelu_tanh
         if fused is not None:
@@ -340,7 +340,7 @@ def conv_transpose2x2(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     pixels = x.permute(0, 2, 3, 1).reshape(b * h * w, cin)  # a view when x is channels-last
     rows, bias4 = WEIGHTS.get_or_make("deconv-rows", (weight,) if bias is None else (weight, bias),
                                       lambda: _deconv_rows(weight, bias))
-    if _INT8_MARKED[0] and getattr(weight, _INT8_FLAG, False):
+    if _marked_int8(weight):
         mark_int8(rows)  # int8 asked for the convolution: its GEMM races the int8 kernels like a linear's
     blocks = linear(pixels, rows, bias4).view(b, h, w, 2, 2 * cout)
     out = torch.empty(b, h, 2, w, 2 * cout, dtype=x.dtype)
@@ -375,6 +375,11 @@ def mark_int8(weight: torch.Tensor) -> None:
     """
     setattr(weight, _INT8_FLAG, True)
     _INT8_MARKED[0] = True
+
+
+def _marked_int8(weight: torch.Tensor) -> bool:
+    """Whether int8 was asked for this weight (one flag test on the common path, where nothing was marked)."""
+    return _INT8_MARKED[0] and getattr(weight, _INT8_FLAG, False)
 
 
 def int8_available() -> bool:
@@ -589,7 +594,7 @@ def fused_linear(x: torch.Tensor, weights: Sequence[torch.Tensor],
              and all(type(p) in (torch.Tensor, torch.nn.Parameter) for p in params))
     if eager and x.numel() > 0:
         x2d = _rows(x)
-        int8 = _INT8_MARKED[0] and x2d.dtype == torch.float32 and any(getattr(w, _INT8_FLAG, False) for w in weights)
+        int8 = x2d.dtype == torch.float32 and any(_marked_int8(w) for w in weights)
         out = None if int8 else _packed_group(x, x2d, weights, biases)  # int8 runs on the fused buffer below
         if out is not None:
             return tuple(torch.split(out, sizes, dim=-1))
