@@ -16,6 +16,7 @@ from ...checker.rules import (
     same_dtype,
 )
 from ...checker.symbolic import ShapeError, SymTensor, op
+from .elementwise import _gelu_rule
 
 
 @op("linear")
@@ -59,11 +60,12 @@ def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return kernels.linear_gelu(x, weight, bias, approximate)
 
 
+_linear_gelu_activation = _gelu_rule("linear_gelu")
+
+
 @linear_gelu.rule
 def _(x: SymTensor, weight: SymTensor, bias: SymTensor | None = None, approximate: str = "none") -> SymTensor:
-    if approximate not in ("none", "tanh"):
-        raise ShapeError(f"linear_gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return _linear_rule(x, weight, bias)
+    return _linear_gelu_activation(_linear_rule(x, weight, bias), approximate)  # GELU's own rule on the output
 
 
 @op("fused_linear")
