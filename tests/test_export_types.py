@@ -344,3 +344,14 @@ def test_onnxruntime_sessions_do_not_spin_after_a_run(tmp_path):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     session = exported._session(path, 1)
     assert session.get_session_options().get_session_config_entry(exported.SPIN_ENTRY) == "0"
+
+
+def test_a_corrupt_onnx_file_is_named_not_an_internal_error(tmp_path, capsys):
+    from kestrel.runtime.exported import ExportedError
+
+    bad = tmp_path / "forward.onnx"
+    bad.write_bytes(b"not a protobuf")
+    with pytest.raises(ExportedError, match=r"forward\.onnx: not a readable ONNX program \("):
+        kestrel.exported.load(bad)
+    assert main(["inspect", str(bad)]) == 2
+    assert "forward.onnx: not a readable ONNX program" in capsys.readouterr().err

@@ -142,7 +142,10 @@ def _onnx_metadata(path: Path) -> str:
     except ImportError:
         onnx = None  # type: ignore[assignment]
     if onnx is not None:
-        proto = onnx.load(str(path), load_external_data=False)
+        try:
+            proto = onnx.load(str(path), load_external_data=False)
+        except Exception as e:  # a truncated or corrupt file: protobuf's DecodeError, an OSError
+            raise _unreadable(path, e) from e
         props = {m.key: m.value for m in proto.metadata_props}
     else:
         props = _session(path, None).get_modelmeta().custom_metadata_map
@@ -166,7 +169,15 @@ def _session(path: Path, threads: int | None) -> Any:
     # threads) a mask upsampling after SAM's decode took 33.5 ms instead of 14.2, while the decode itself ran
     # 36.9 ms without spinning against 39.4 with it (SigLIP's text tower: 62.8 against 60.8)
     opts.add_session_config_entry(SPIN_ENTRY, "0")
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    try:
+        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime's own errors for a file it cannot parse or run
+        raise _unreadable(path, e) from e
+
+
+def _unreadable(path: Path, error: Exception) -> ExportedError:
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return ExportedError(f"{path}: not a readable ONNX program ({first})")
 
 
 def _load_onnx(path: Path, threads: int | None) -> ExportedProgram:
