@@ -256,7 +256,7 @@ def _heads_attention(q, k, v, heads):
     return torch.cat(outs, -1)
 
 
-@pytest.mark.parametrize("nq,nk", [(300, 7), (7, 300), (5, 5)])  # few keys (block-diagonal GEMMs) or SDPA
+@pytest.mark.parametrize("nq,nk", [(300, 7), (7, 300), (5, 5)])  # few keys (per-head GEMMs, keys-major scores) or SDPA
 def test_multihead_attention_on_unsplit_projections(nq, nk):
     q, k, v = rand(2, 1, nq, 32), rand(2, 1, nk, 32), rand(2, 1, nk, 16)
     want = _heads_attention(q, k, v, 4)
