@@ -118,7 +118,8 @@ def test_inherited_blocks_print_under_their_own_module():
     for module, cls in (("vit", vit.Attention), ("siglip", siglip.Attention), ("dinov2", dinov2.Attention)):
         text = format_block(cls.decl())
         assert text.splitlines()[0] == f"{module}::Attention<D: Dim, Heads: Dim, T: Float>"
-        assert text.split("\n", 1)[1] == format_block(transformer.SelfAttention.decl()).split("\n", 1)[1]
+        base = format_block(transformer.SelfAttention.decl()).split("\n", 1)[1]
+        assert text.split("\n", 1)[1].startswith(base)  # then what a subclass adds (vit: first_query)
     # the shared base lives in its own module, which no seed program lists
     assert "std.nn.transformer::SelfAttention" not in {b.qualname for b in listed_blocks(vit.Model)}
 

@@ -225,6 +225,49 @@ class Clean(Block, module="test.errors"):
         return y.transpose(1, 2).reshape(B, N, self.D) + x * first
 
 
+class LastApart(Block, module="test.errors"):
+    """Every layer but the last in a loop, the last on its own: a slice of a sub array iterates."""
+
+    D: Dim
+    Layers: Dim
+    T: Float = f32
+    where = "Layers > 0"
+
+    layers: Array[Linear["D, D, T"], "Layers"]
+
+    @entry
+    def forward(self, x: "Tensor[B, D; T]") -> "Tensor[B, D; T]":
+        for layer in self.layers[:-1]:
+            x = ops.gelu(layer(x))
+        return self.layers[-1](x)
+
+
+class LastUnproven(Block, module="test.errors"):
+    D: Dim
+    Layers: Dim
+    T: Float = f32
+
+    layers: Array[Linear["D, D, T"], "Layers"]
+
+    def forward(self, x: "Tensor[B, D; T]") -> "Tensor[B, D; T]":
+        for layer in self.layers[:-1]:
+            x = layer(x)
+        return self.layers[-1](x)  # planted: last-unproven
+
+
+class EveryOtherLayer(Block, module="test.errors"):
+    D: Dim
+    Layers: Dim
+    T: Float = f32
+
+    layers: Array[Linear["D, D, T"], "Layers"]
+
+    def forward(self, x: "Tensor[B, D; T]") -> "Tensor[B, D; T]":
+        for layer in self.layers[::2]:  # planted: stepped
+            x = layer(x)
+        return x
+
+
 # --------------------------------------------------------------------------------------- tests
 
 
@@ -441,3 +484,31 @@ def test_the_suggested_where_fact_fixes_the_error(cls):
     fixed = _with_where(cls, f"{before}, {d.hint}" if before else d.hint)
     after = check_program(fixed)
     assert after.ok, "\n".join(map(str, after.diagnostics))
+
+
+def test_a_slice_of_a_sub_array_is_iterated_like_the_array():
+    report = check_program(LastApart)
+    assert report.ok, [str(d) for d in report.diagnostics]
+    m = LastApart(D=4, Layers=3).eval()
+    with torch.no_grad():
+        for p in m.parameters():  # bound blocks start with unset memory
+            p.normal_()
+    x = torch.randn(2, 4)
+    want = x
+    for i, layer in enumerate(m.layers):
+        want = layer(want) if i == 2 else torch.nn.functional.gelu(layer(want))
+    torch.testing.assert_close(m.forward(x), want)
+    with pytest.raises(BindError, match="Layers > 0"):
+        LastApart(D=4, Layers=0)
+
+
+def test_the_last_layer_needs_a_where_that_proves_there_is_one():
+    d = diagnose(LastUnproven)
+    assert_at(d, "last-unproven")
+    assert "layers[-1] may be out of range for Layers layers" in d.message
+
+
+def test_a_stepped_slice_of_a_sub_array_is_refused():
+    d = diagnose(EveryOtherLayer)
+    assert_at(d, "stepped")
+    assert "layers[::2]: a sub array is sliced by constant bounds without a step" in d.message

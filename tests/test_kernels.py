@@ -458,7 +458,8 @@ def test_packed_weights_follow_a_load_state_dict(tmp_path, monkeypatch):
 
 
 def test_calibrate_model_reports_every_shape(tmp_path):
-    cfg = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128, image_size=32,
+    # two layers: the last runs its MLP for the class tokens alone (40 rows), the first for every token
+    cfg = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32,
                patch_size=8, num_labels=5)
     seeded(lambda: ViTForImageClassification(ViTConfig(**cfg))).save_pretrained(tmp_path / "ckpt")
     ours = kestrel.load(tmp_path / "ckpt")
@@ -466,6 +467,7 @@ def test_calibrate_model_reports_every_shape(tmp_path):
     rows = calibrate.calibrate_model(lambda: ours.forward(x))
     shapes = [s for s, _ in rows]
     assert "680x192x64+b" in shapes and "680x128x64+b" in shapes and "40x5x64+b" in shapes
+    assert "40x128x64+b" in shapes  # the last layer's MLP, class tokens only
     measured = dict(rows)["680x192x64+b"]
     assert measured["kernel"] in kernels.KERNELS and set(measured["gflops"]) <= set(kernels.KERNELS)
     text = "\n".join(calibrate.format_choices(rows))

@@ -155,7 +155,8 @@ class SubProxy:
 
 
 class ArrayProxy:
-    """A sub array under the checker: a loop body is checked once, for every layer at once."""
+    """A sub array under the checker: a loop body is checked once, for every layer at once. A slice of
+    it (``self.layers[:-1]``) is iterated the same way: the check holds for any number of layers."""
 
     def __init__(self, sub: SubDecl) -> None:
         self.sub = sub
@@ -198,12 +199,25 @@ class ArrayProxy:
             return self.sub.count.value
         raise ShapeError(f"len({self.sub.name}) is the symbolic {format_poly(self.sub.count, current().order)}")
 
-    def __getitem__(self, i: int) -> SubProxy:
+    def __getitem__(self, i: int | slice) -> Any:
         assert self.sub.count is not None
+        if isinstance(i, slice):
+            # a loop over any run of the layers is checked as the loop over all of them (zero included);
+            # a step would still be such a run, but nothing needs one, so it is refused rather than guessed at
+            if i.step is not None or not all(b is None or type(b) is int for b in (i.start, i.stop)):
+                raise ShapeError(f"{self.sub.name}[{_show_slice(i)}]: a sub array is sliced by constant bounds "
+                                 "without a step, such as [:-1] or [1:]")
+            return self
+        if type(i) is not int:
+            raise ShapeError(f"{self.sub.name}[{i!r}]: a sub array is indexed by a constant int")
         if not current().facts.positive(self.sub.count - (i if i >= 0 else -i - 1)):
             raise ShapeError(f"{self.sub.name}[{i}] may be out of range for "
                              f"{format_poly(self.sub.count, current().order)} layers")
         return SubProxy(self.sub, f"{self.sub.name}[{i}]")
+
+
+def _show_slice(s: slice) -> str:
+    return ":".join("" if b is None else repr(b) for b in (s.start, s.stop, *(() if s.step is None else (s.step,))))
 
 
 def _items(v: list | dict) -> list:

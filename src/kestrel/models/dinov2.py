@@ -59,6 +59,7 @@ class _Root(transformer.ClassTokenEncoder, abstract=True):
     its MLP width, its layers and ``T``."""
 
     forward = entry(transformer.class_token_features)
+    _tokens = transformer.class_and_patch_tokens
     _embed = transformer.embed_patches
 
 

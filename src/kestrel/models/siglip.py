@@ -36,6 +36,10 @@ class Mlp(Block):
 class Attention(transformer.SelfAttention):
     """Multi-head self-attention with separate query, key and value projections."""
 
+    def last_query(self, x: "Tensor[B, N, D; T]") -> "Tensor[B, 1, D; T]":
+        """``forward(x)[:, -1:]``: the last token's output alone, every token still a key and a value."""
+        return transformer.attend(self, x, -1)
+
 
 class EncoderLayer(transformer.MultiHead):
     """Pre-norm transformer layer: attention then the MLP, each with a residual."""
@@ -51,6 +55,11 @@ class EncoderLayer(transformer.MultiHead):
     def forward(self, x: "Tensor[B, N, D; T]") -> "Tensor[B, N, D; T]":
         x = x + self.attention(self.norm1(x))
         return x + self.mlp(self.norm2(x))
+
+    def last_token(self, x: "Tensor[B, N, D; T]") -> "Tensor[B, D; T]":
+        """``forward(x)[:, -1]``, the rest of the tokens left out after the attention."""
+        x = x[:, -1:] + self.attention.last_query(self.norm1(x))
+        return (x + self.mlp(self.norm2(x)))[:, 0]
 
 
 class AttentionPool(transformer.MultiHead):
@@ -102,7 +111,8 @@ class Model(Block):
     TextLayers: Dim
     T: Float = f32
     where = ("Patch > 0, VisionHeads > 0, VisionD % VisionHeads == 0, TextHeads > 0, TextD % TextHeads == 0, "
-             "MaxPositions > 0, TextD == VisionD, Height >= Patch, Width >= Patch, VisionD > 0, Channels > 0")
+             "MaxPositions > 0, TextD == VisionD, Height >= Patch, Width >= Patch, VisionD > 0, Channels > 0, "
+             "TextLayers > 0")  # text_features runs the last text layer for the last token alone
     imports = ("std.nn.embedding", "std.nn.linear", "std.nn.norm")
 
     patch_weight: Param["VisionD, Channels, Patch, Patch; T"]
@@ -129,11 +139,12 @@ class Model(Block):
 
     @entry
     def text_features(self, tokens: "Tensor[B, MaxPositions; i32]") -> "Tensor[B, TextD; T]":
-        """The text embedding (not normalised): the head applied to the last token."""
+        """The text embedding (not normalised): the head applied to the last token. The last layer runs
+        its query, projections and MLP for that token alone (every token is still its keys and values)."""
         x = ops.embedding(tokens, self.token_embedding) + self.text_positions
-        for layer in self.text_layers:
+        for layer in self.text_layers[:-1]:
             x = layer(x)
-        return self.text_head(self.text_final_norm(x)[:, -1])
+        return self.text_head(self.text_final_norm(self.text_layers[-1].last_token(x)))
 
     @entry
     def similarity(

@@ -16,6 +16,10 @@ class LayerNorm(transformer.LayerNorm):
 class Attention(transformer.SelfAttention):
     """Multi-head self-attention with separate query, key and value projections."""
 
+    def first_query(self, x: "Tensor[B, N, D; T]") -> "Tensor[B, 1, D; T]":
+        """``forward(x)[:, :1]``: the class token's output alone, every token still a key and a value."""
+        return transformer.attend(self, x, 0)
+
 
 class EncoderLayer(transformer.MultiHead):
     """Pre-norm transformer layer: attention then a GELU MLP, each with a residual."""
@@ -33,6 +37,11 @@ class EncoderLayer(transformer.MultiHead):
         x = x + self.attention(self.norm_before(x))
         return x + self.down(ops.gelu_(self.up(self.norm_after(x))))
 
+    def first_token(self, x: "Tensor[B, N, D; T]") -> "Tensor[B, D; T]":
+        """``forward(x)[:, 0]``, the rest of the tokens left out after the attention."""
+        x = x[:, :1] + self.attention.first_query(self.norm_before(x))
+        return (x + self.down(ops.gelu_(self.up(self.norm_after(x)))))[:, 0]
+
 
 class Model(transformer.ClassTokenEncoder):
     """The classifier: image to class logits (``forward``), or to token features (``features``)."""
@@ -41,6 +50,7 @@ class Model(transformer.ClassTokenEncoder):
     Layers: Dim
     Classes: Dim
     T: Float = f32
+    where = "Layers > 0"  # forward runs the last layer for the class token alone
 
     layers: Array[EncoderLayer["D, Heads, Inner, T"], "Layers"]
     norm: LayerNorm["D, T"]
@@ -48,7 +58,9 @@ class Model(transformer.ClassTokenEncoder):
 
     @entry
     def forward(self, image: "Tensor[B, Channels, Height, Width; T]") -> "Tensor[B, Classes; T]":
-        return self.head(self.features(image)[:, 0])
+        return self.head(self._class_token(image))
 
     features = entry(transformer.class_token_features)
+    _class_token = transformer.class_token_output
+    _tokens = transformer.class_and_patch_tokens
     _embed = transformer.embed_patches

@@ -48,11 +48,19 @@ class SelfAttention(MultiHead, module="std.nn.transformer"):
     out: Linear["D, D, T"]
 
     def forward(self, x: "Tensor[B, N, D; T]") -> "Tensor[B, N, D; T]":
-        B, N, _ = x.shape
-        qkv = (self.query, self.key, self.value)  # one GEMM: the three weights share one buffer
-        q, k, v = ops.fused_linear(x, [p.weight for p in qkv], [p.bias for p in qkv])
-        y = ops.attention(split_heads(q, self.Heads), split_heads(k, self.Heads), split_heads(v, self.Heads))
-        return self.out(y.transpose(1, 2).reshape(B, N, self.D))
+        return attend(self, x)
+
+
+def attend(attn: SelfAttention, x, token: int | None = None):
+    """Self-attention over ``x``; with ``token``, that token's output alone (``[B, 1, D]``, every token still a
+    key and a value): what a head that reads one token needs of the last layer."""
+    B = x.shape[0]
+    qkv = (attn.query, attn.key, attn.value)  # one GEMM: the three weights share one buffer
+    q, k, v = ops.fused_linear(x, [p.weight for p in qkv], [p.bias for p in qkv])
+    if token is not None:
+        q = q[:, token].unsqueeze(1)
+    y = ops.attention(split_heads(q, attn.Heads), split_heads(k, attn.Heads), split_heads(v, attn.Heads))
+    return attn.out(y.transpose(1, 2).reshape(B, q.shape[1], attn.D))
 
 
 class ClassTokenEncoder(Block, abstract=True):
@@ -80,12 +88,28 @@ def class_token_features(
     self, image: "Tensor[B, Channels, Height, Width; T]"
 ) -> "Tensor[B, 1 + (Height / Patch) * (Width / Patch), D; T]":
     """The final normed tokens: the class token, then one per patch."""
-    x = self._embed(image)
-    cls = self.class_token.expand(x.shape[0], -1, -1)
-    x = ops.cat([cls, x], dim=1) + self.positions
+    x = self._tokens(image)
     for layer in self.layers:
         x = layer(x)
     return self.norm(x)
+
+
+def class_token_output(self, image: "Tensor[B, Channels, Height, Width; T]") -> "Tensor[B, D; T]":
+    """The final normed class token alone, ``features(image)[:, 0]``: the last layer runs its queries,
+    projections and MLP for the class token only (every token is still its keys and values)."""
+    x = self._tokens(image)
+    for layer in self.layers[:-1]:
+        x = layer(x)
+    return self.norm(self.layers[-1].first_token(x))
+
+
+def class_and_patch_tokens(
+    self, image: "Tensor[B, Channels, Height, Width; T]"
+) -> "Tensor[B, 1 + (Height / Patch) * (Width / Patch), D; T]":
+    """The tokens the first layer reads: the class token, then the embedded patches, positions added."""
+    x = self._embed(image)
+    cls = self.class_token.expand(x.shape[0], -1, -1)
+    return ops.cat([cls, x], dim=1) + self.positions
 
 
 def embed_patches(
