@@ -255,6 +255,18 @@ class LastUnproven(Block, module="test.errors"):
         return self.layers[-1](x)  # planted: last-unproven
 
 
+class SliceCounted(Block, module="test.errors"):
+    D: Dim
+    Layers: Dim
+    T: Float = f32
+    where = "Layers > 1"
+
+    layers: Array[Linear["D, D, T"], "Layers"]
+
+    def forward(self, x: "Tensor[B, D; T]") -> "Tensor[B, D; T]":
+        return self.layers[1:][-1](x)  # planted: slice-indexed
+
+
 class EveryOtherLayer(Block, module="test.errors"):
     D: Dim
     Layers: Dim
@@ -512,3 +524,10 @@ def test_a_stepped_slice_of_a_sub_array_is_refused():
     d = diagnose(EveryOtherLayer)
     assert_at(d, "stepped")
     assert "layers[::2]: a sub array is sliced by constant bounds without a step" in d.message
+
+
+def test_a_slice_of_a_sub_array_is_not_indexed_again():
+    # layers[1:][-1] is layers[-1] at run time; the checker would have to model the slice to know it
+    d = diagnose(SliceCounted)
+    assert_at(d, "slice-indexed")
+    assert "layers[1:][-1]: the checker iterates a slice of a sub array but does not index it again" in d.message

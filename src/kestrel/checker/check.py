@@ -158,8 +158,9 @@ class ArrayProxy:
     """A sub array under the checker: a loop body is checked once, for every layer at once. A slice of
     it (``self.layers[:-1]``) is iterated the same way: the check holds for any number of layers."""
 
-    def __init__(self, sub: SubDecl) -> None:
+    def __init__(self, sub: SubDecl, sliced: str | None = None) -> None:
         self.sub = sub
+        self.sliced = sliced  # "[:-1]" for a slice: iterated like the array, neither measured nor indexed
 
     def __iter__(self) -> Any:
         """One symbolic iteration standing for every layer, checked as a fixed point.
@@ -195,25 +196,35 @@ class ArrayProxy:
 
     def __len__(self) -> int:
         assert self.sub.count is not None
+        if self.sliced is not None:
+            raise ShapeError(f"len({self.sub.name}{self.sliced}): the checker iterates a slice of a sub array "
+                             "but does not count or index it")
         if self.sub.count.is_const:
             return self.sub.count.value
         raise ShapeError(f"len({self.sub.name}) is the symbolic {format_poly(self.sub.count, current().order)}")
 
     def __getitem__(self, i: int | slice) -> Any:
         assert self.sub.count is not None
+        if self.sliced is not None:
+            raise ShapeError(f"{self.sub.name}{self.sliced}[{_show_index(i)}]: the checker iterates a slice of a "
+                             f"sub array but does not index it again; index {self.sub.name} itself")
         if isinstance(i, slice):
             # a loop over any run of the layers is checked as the loop over all of them (zero included);
             # a step would still be such a run, but nothing needs one, so it is refused rather than guessed at
             if i.step is not None or not all(b is None or type(b) is int for b in (i.start, i.stop)):
                 raise ShapeError(f"{self.sub.name}[{_show_slice(i)}]: a sub array is sliced by constant bounds "
                                  "without a step, such as [:-1] or [1:]")
-            return self
+            return ArrayProxy(self.sub, f"[{_show_slice(i)}]")
         if type(i) is not int:
             raise ShapeError(f"{self.sub.name}[{i!r}]: a sub array is indexed by a constant int")
         if not current().facts.positive(self.sub.count - (i if i >= 0 else -i - 1)):
             raise ShapeError(f"{self.sub.name}[{i}] may be out of range for "
                              f"{format_poly(self.sub.count, current().order)} layers")
         return SubProxy(self.sub, f"{self.sub.name}[{i}]")
+
+
+def _show_index(i: Any) -> str:
+    return _show_slice(i) if isinstance(i, slice) else repr(i)
 
 
 def _show_slice(s: slice) -> str:
