@@ -236,7 +236,10 @@ def _multihead(rnd):
     q = f32(rnd, 2, rnd.randint(1, 3), e)
     k = f32(rnd, 2, rnd.randint(1, 3), e if rnd.random() < 0.9 else e + 1)
     v = f32(rnd, 2 if rnd.random() < 0.9 else 3, k.shape[1], h * rnd.randint(1, 2))
-    return ops.multihead_attention, (q, k, v, h), {}
+    m = k.shape[1]
+    key_bias = rnd.choice([None, None, f32(rnd, 2, 1, m), f32(rnd, 2, q.shape[1], m), f32(rnd, 1, m),
+                           f32(rnd, 2, 1, m + 1)])
+    return ops.multihead_attention, (q, k, v, h), ({} if key_bias is None else {"key_bias": key_bias})
 
 
 def _decomposed(rnd):

@@ -247,11 +247,12 @@ def test_attention_rule_rejects_mismatches():
         rule(ops.attention, q, k, rand(2, 7, 4), bias=rand(5, 6))
 
 
-def _heads_attention(q, k, v, heads):
-    """The reference: per head, softmax(q_h k_h^T / sqrt(d)) v_h, heads side by side."""
+def _heads_attention(q, k, v, heads, key_bias=None):
+    """The reference: per head, softmax(q_h k_h^T / sqrt(d) + key_bias) v_h, heads side by side."""
     outs = []
     for qh, kh, vh in zip(q.chunk(heads, -1), k.chunk(heads, -1), v.chunk(heads, -1)):
-        w = torch.softmax(qh @ kh.transpose(-1, -2) / math.sqrt(qh.shape[-1]), dim=-1)
+        scores = qh @ kh.transpose(-1, -2) / math.sqrt(qh.shape[-1])
+        w = torch.softmax(scores if key_bias is None else scores + key_bias, dim=-1)
         outs.append(w @ vh)
     return torch.cat(outs, -1)
 
@@ -269,6 +270,34 @@ def test_multihead_attention_on_unsplit_projections(nq, nk):
     close(out.detach(), want, 1e-5)
     out.sum().backward()
     assert g.grad is not None
+
+
+@pytest.mark.parametrize("nq,nk", [(300, 7), (7, 300)])  # few keys (bias added to the scores) or SDPA's mask
+def test_multihead_attention_with_a_key_bias(nq, nk):
+    q, k, v = rand(2, 1, nq, 32), rand(2, 1, nk, 32), rand(2, 1, nk, 16)
+    key_bias = rand(2, 1, 1, nk)
+    key_bias[0, 0, 0, 3] = -1e9  # a padding key: no weight for any query of that image
+    want = _heads_attention(q, k, v, 4, key_bias)
+    with torch.inference_mode():
+        out = both(ops.multihead_attention, q, k, v, 4, key_bias)
+        unpadded = ops.multihead_attention(q[:1], torch.cat([k[:1, :, :3], k[:1, :, 4:]], 2),
+                                           torch.cat([v[:1, :, :3], v[:1, :, 4:]], 2), 4,
+                                           torch.cat([key_bias[:1, ..., :3], key_bias[:1, ..., 4:]], -1))
+    close(out, want, 1e-5)
+    close(out[:1], unpadded, 1e-5)  # the padded key is as if absent
+    assert (out[1] - _heads_attention(q, k, v, 4)[1]).abs().max() > 1e-3  # the bias is applied
+    g = q.clone().requires_grad_(True)  # graphs take SDPA with the bias as its mask
+    close(ops.multihead_attention(g, k, v, 4, key_bias).detach(), want, 1e-5)
+
+
+def test_multihead_attention_rule_checks_the_key_bias():
+    q, k, v = rand(2, 5, 32), rand(2, 7, 32), rand(2, 7, 16)
+    assert rule(ops.multihead_attention, q, k, v, 4, rand(2, 1, 7)) == ((2, 5, 16), torch.float32)
+    for bad in (rand(2, 5, 7), rand(2, 1, 6), rand(1, 7), rand(3, 1, 7)):
+        with pytest.raises(ShapeError, match="the key bias .* is not \\[2, 1, 7\\]"):
+            rule(ops.multihead_attention, q, k, v, 4, bad)
+    with pytest.raises(ShapeError, match="key bias"):
+        rule(ops.multihead_attention, q, k, v, 4, rand(2, 1, 7, dtype=torch.float64))
 
 
 def test_multihead_attention_rule_needs_the_heads_to_divide_the_widths():

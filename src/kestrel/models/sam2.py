@@ -311,14 +311,8 @@ class MaskAttention(sam_parts.MaskAttentionHeads):
         self, query: "Tensor[B, Pts, Q, Hd; T]", key: "Tensor[B, Pts, K, Hd; T]", value: "Tensor[B, Pts, K, Hd; T]",
         key_bias: "Tensor[B, Pts, 1, 1, K; T]",
     ) -> "Tensor[B, Pts, Q, Hd; T]":
-        B, Pts, Q, _ = query.shape
-        y = ops.attention(self._heads(self.q_proj(query)), self._heads(self.k_proj(key)),
-                          self._heads(self.v_proj(value)), bias=key_bias)
-        return self.o_proj(y.transpose(2, 3).reshape(B, Pts, Q, self.Internal))
-
-    def _heads(self, t):
-        b, p, n, _ = t.shape
-        return t.reshape(b, p, n, self.Heads, self.Internal // self.Heads).transpose(2, 3)
+        B, Pts, K, _ = key.shape
+        return self.o_proj(self._attend(query, key, value, key_bias.reshape(B, Pts, 1, K)))
 
 
 class TwoWayAttentionBlock(sam_parts.TwoWaySizes):

@@ -37,9 +37,11 @@ class MaskAttentionHeads(Block, abstract=True):
     k_proj: Linear["Hd, Internal, T"]
     v_proj: Linear["Hd, Internal, T"]
 
-    def _attend(self, query, key, value):
-        """The heads' attention over the projected inputs, joined back to ``Internal`` channels."""
-        return ops.multihead_attention(self.q_proj(query), self.k_proj(key), self.v_proj(value), self.Heads)
+    def _attend(self, query, key, value, key_bias=None):
+        """The heads' attention over the projected inputs, joined back to ``Internal`` channels; ``key_bias``
+        (``[..., 1, K]``) is added to each key's scores."""
+        return ops.multihead_attention(self.q_proj(query), self.k_proj(key), self.v_proj(value), self.Heads,
+                                       key_bias)
 
 
 class LayerNormCHW(Block):

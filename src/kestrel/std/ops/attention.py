@@ -97,10 +97,13 @@ FEW_KEY_COLUMNS = 128
 
 
 @op("multihead_attention")
-def multihead_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> torch.Tensor:
+def multihead_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
+                        key_bias: torch.Tensor | None = None) -> torch.Tensor:
     """Multi-head attention on unsplit projections: ``[..., Nq, E]``, ``[..., Nk, E]``, ``[..., Nk, Ev]``
     in, ``[..., Nq, Ev]`` out; head ``h`` is columns ``h * E / heads`` on (``softmax(q_h k_h^T /
-    sqrt(E / heads)) v_h``), the heads side by side as an output projection reads them.
+    sqrt(E / heads) + key_bias) v_h``), the heads side by side as an output projection reads them.
+    ``key_bias`` (``[..., 1, Nk]``, optional) is added to each key's score for every query and head (SAM 2's
+    padding tokens take -1e9).
 
     With few keys (SAM's 4096 image tokens attending to 7 prompt tokens) the fused kernel spends its
     time on overhead per query block; in eager inference such a problem (``heads * Nk <=
@@ -111,18 +114,24 @@ def multihead_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads
     """
     *lead, nq, _ = q.shape
     nk, ev = k.shape[-2], v.shape[-1]
-    if kernels.plain_inference(q, k, v) and heads * nk <= FEW_KEY_COLUMNS and q.dtype.is_floating_point:
-        return _few_keys_attention(q, k, v, heads)
+    extra = () if key_bias is None else (key_bias,)
+    if kernels.plain_inference(q, k, v, *extra) and heads * nk <= FEW_KEY_COLUMNS and q.dtype.is_floating_point:
+        return _few_keys_attention(q, k, v, heads, key_bias)
 
     def split(t: torch.Tensor) -> torch.Tensor:  # [batch, heads, N, width / heads], the batch axes folded in one
         n, width = t.shape[-2:]
         return t.reshape(-1, n, heads, width // heads).transpose(1, 2)
 
-    y = kernels.sdpa(split(q), split(k), split(v))  # 4-D: the fused kernel's layout
+    if key_bias is None:
+        y = kernels.sdpa(split(q), split(k), split(v))  # 4-D: the fused kernel's layout
+    else:
+        mask = key_bias.reshape(-1, 1, 1, nk)  # the same for every head and query
+        y = F.scaled_dot_product_attention(split(q), split(k), split(v), attn_mask=mask)
     return y.transpose(1, 2).reshape(*lead, nq, ev)
 
 
-def _few_keys_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> torch.Tensor:
+def _few_keys_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
+                        key_bias: torch.Tensor | None) -> torch.Tensor:
     # Laid out [heads, Nq, Nk], the soft-max would run along rows of a handful of keys, which torch does
     # element by element (7 keys: 2.1 ms for SAM's 8 x 4096 rows); across an outer axis of [heads, Nk, Nq]
     # it runs on whole vectors of queries (0.10 ms). Block-diagonal GEMMs over all heads at once, the way
@@ -131,10 +140,13 @@ def _few_keys_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads
     nk, ev = k.shape[-2], v.shape[-1]
     dh, dv = e // heads, ev // heads
     q3, k3, v3 = q.reshape(-1, nq, e), k.reshape(-1, nk, e), v.reshape(-1, nk, ev)
+    bias = None if key_bias is None else key_bias.reshape(-1, nk, 1)
     out = q.new_empty(q3.shape[0], nq, heads, dv)
     for b in range(q3.shape[0]):
         keys = (k3[b] * dh ** -0.5).unflatten(-1, (heads, dh)).transpose(0, 1)  # [heads, Nk, dh], scaled
         scores = torch.bmm(keys, q3[b].unflatten(-1, (heads, dh)).permute(1, 2, 0))  # [heads, Nk, Nq]
+        if bias is not None:
+            scores.add_(bias[b])  # each key's bias, for every head and query
         torch.ops.aten._softmax.out(scores, 1, False, out=scores)
         values = v3[b].unflatten(-1, (heads, dv)).transpose(0, 1)  # [heads, Nk, dv]
         torch.bmm(scores.transpose(1, 2), values, out=out[b].transpose(0, 1))  # into [Nq, heads, dv]
@@ -142,8 +154,15 @@ def _few_keys_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads
 
 
 @multihead_attention.rule
-def _(q: SymTensor, k: SymTensor, v: SymTensor, heads: Any) -> SymTensor:
-    dq, _, dv = qkv_dims("multihead_attention", q, k, v)
+def _(q: SymTensor, k: SymTensor, v: SymTensor, heads: Any, key_bias: SymTensor | None = None) -> SymTensor:
+    dq, dk, dv = qkv_dims("multihead_attention", q, k, v)
+    if key_bias is not None:  # [..., 1, Nk]: q's batch axes exactly, one row, one number per key
+        db = key_bias.fixed_dims("multihead_attention's key bias")
+        want = [*dq[:-2], ONE, dk[-2]]
+        if len(db) != len(want) or not all(current().facts.equal(a, b) for a, b in zip(db, want)):
+            raise ShapeError(f"multihead_attention: the key bias {key_bias.show()} is not [{show_dims(want)}] "
+                             "(the queries' batch axes, 1, the number of keys)")
+        same_dtype(q, key_bias, "multihead_attention key bias")
     h = as_poly(heads)
     require_positive(h)
     facts = current().facts
