@@ -415,3 +415,29 @@ def test_a_video_model_config_binds_the_image_path():
     assert rows(path) == path
     assert bindings({**cfg, "model_type": "sam2"})(path) is None  # an image config binds the image path only
     assert rows("vision_encoder.backbone.blocks.11.attn.qkv.weight") == "backbone.stage_3_0.0.attn.qkv.weight"
+
+
+def test_the_features_projections_are_kept_while_the_same_features_come_back(encoded_512):
+    _, ours, (emb, hr0, hr1), _ = encoded_512
+    runs = []
+    hook = ours.mask_decoder.conv_s0.register_forward_hook(lambda *a: runs.append(1))
+    point = torch.tensor([[[[150.0, 300.0]]]])
+    label = torch.tensor([[[1]]], dtype=torch.int32)
+    try:
+        with torch.no_grad():
+            h0 = hr0.clone()  # features of their own: no other test's calls have kept anything for them
+            first = ours.decode_points(emb, h0, hr1, point, label)[0]
+            again = ours.decode_points(emb, h0, hr1, point * 1.5, label)[0]  # another prompt, the same image
+            assert len(runs) == 1  # projected once for both prompts
+            assert torch.equal(ours.decode_points(emb, h0.clone(), hr1, point * 1.5, label)[0], again)
+            assert len(runs) == 2  # new features (equal values, another tensor) are projected afresh
+            h0.mul_(0.5)  # written to: the kept projection is stale
+            halved = ours.decode_points(emb, h0, hr1, point, label)[0]
+            assert len(runs) == 3 and not torch.equal(halved, first)
+        with torch.inference_mode():
+            x = hr0.clone()  # an inference tensor can be written unseen: never kept
+            ours.decode_points(emb, x, hr1, point, label)
+            ours.decode_points(emb, x, hr1, point, label)
+        assert len(runs) == 5
+    finally:
+        hook.remove()

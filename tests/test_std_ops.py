@@ -674,3 +674,23 @@ def test_tanh_gelu_in_cache_sized_steps_covers_every_element(monkeypatch):
     strided = torch.randn(6, 8).t()  # not contiguous: torch's own op, still in place
     want = F.gelu(strided, approximate="tanh")
     assert torch.equal(kernels.gelu_tanh_(strided), want)
+
+
+def test_kept_reuses_a_subs_result_only_for_the_same_unwritten_input():
+    sub = torch.nn.Linear(4, 3)
+    runs = []
+    sub.register_forward_hook(lambda *a: runs.append(1))
+    x = rand(5, 4)
+    with torch.no_grad():
+        y = ops.kept(sub, x)
+        assert ops.kept(sub, x) is y and len(runs) == 1
+        sub.weight.mul_(2.0)  # the sub's parameters written to: made again
+        close(ops.kept(sub, x), sub(x))
+        runs.clear()
+        x.add_(1.0)  # the input written to: made again
+        close(ops.kept(sub, x), sub(x))
+        assert len(runs) == 2
+    g = x.clone().requires_grad_(True)  # autograd: every call runs the sub
+    ops.kept(sub, g).sum().backward()
+    ops.kept(sub, g)
+    assert g.grad is not None and len(runs) == 4

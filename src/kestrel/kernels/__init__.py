@@ -27,6 +27,7 @@ from .layout import contiguous
 from .library import eager_ok, plain_inference
 from .norms import layer_norm_chw
 from .positions import grid_fourier
+from .reuse import kept_for_input
 
 __all__ = ["contiguous", "conv_transpose2x2", "eager_ok", "fused_linear", "gelu_tanh_", "grid_fourier",
-           "layer_norm_chw", "linear", "linear_gelu", "plain_inference", "sdpa"]
+           "kept_for_input", "layer_norm_chw", "linear", "linear_gelu", "plain_inference", "sdpa"]

@@ -430,9 +430,10 @@ class MaskDecoder(sam_parts.TwoWaySizes):
         queries, keys = self.transformer(tokens, as_keys(image_embeddings + dense), as_keys(image_pe), bias)
 
         image = keys.transpose(2, 3).reshape(B * Pts, hd, e, e)
-        up = self.upscale_conv1(image) + per_prompt(self.conv_s1(hr1))
+        # the features' projections depend on the image alone: kept while the same features come back
+        up = self.upscale_conv1(image) + per_prompt(ops.kept(self.conv_s1, hr1))
         up = ops.gelu_(self.upscale_layer_norm(up))
-        up = ops.gelu_(self.upscale_conv2(up) + per_prompt(self.conv_s0(hr0)))
+        up = ops.gelu_(self.upscale_conv2(up) + per_prompt(ops.kept(self.conv_s0, hr0)))
         up = up.reshape(B, Pts, hd // 8, 16 * e * e)
         mlps = self.output_hypernetworks_mlps
         hyper = ops.stack([mlps[i](queries[:, :, 2 + i, :]) for i in range(MASK_TOKENS)], dim=2)

@@ -68,6 +68,7 @@ from .layout import (
 from .linalg import bmm, fused_linear, linear, linear_gelu, matmul
 from .norm import l2_normalize, layer_norm, layer_norm_chw, rms_norm, softmax
 from .reduce import amax, argmax, mean, sum_
+from .reuse import kept
 
 _t = like  # the name std/ops_attention.py imports
 
@@ -76,7 +77,8 @@ __all__ = [
     "broadcast_dims", "cast", "cat", "contiguous", "conv1d", "conv2d", "conv_transpose2x2", "cos",
     "depthwise_conv2d", "dim_like",
     "div", "embedding", "eq", "exp", "expand", "flatten", "float_dtype", "fused_linear", "gather", "ge", "gelu",
-    "gelu_", "getitem", "grid_fourier", "gt", "interpolate", "kind_of", "l2_normalize", "last_dim", "layer_norm",
+    "gelu_", "getitem", "grid_fourier", "gt", "interpolate", "kept", "kind_of", "l2_normalize", "last_dim",
+    "layer_norm",
     "layer_norm_chw", "like", "linear", "linear_gelu", "matmul", "max_pool2d", "mean", "mul", "multihead_attention",
     "nonneg", "numeric_dtype", "pad", "permute", "positive", "qkv_dims", "relative_positions", "relu", "repeat",
     "reshape", "rms_norm", "same", "same_dtype", "scalar_fits", "sigmoid", "silu", "sin", "softmax", "split", "squeeze",
