@@ -10,7 +10,10 @@ median over all its timed calls.
     encoder   Kestrel ``encode_image`` / transformers ``get_image_embeddings`` on one image
               (transformers also applies conv_s0 / conv_s1 there; Kestrel in the decoder)
     decode    one point prompt: Kestrel ``decode_points`` (all four masks) / transformers
-              ``Sam2Model(image_embeddings=..., multimask_output=True)`` (prompt encoder + decoder)
+              ``Sam2Model(image_embeddings=..., multimask_output=True)`` (prompt encoder + decoder);
+              every call on the same features, as a second prompt on an image: transformers projected
+              them (conv_s0 / conv_s1) in get_image_embeddings, Kestrel's decoder keeps its projections
+              for as long as the same features come back (``ops.kept``)
 
 Columns: median and min seconds, ``x HF`` (Kestrel median / transformers median, < 1 is faster),
 peak MB (peak RSS during the timed calls minus RSS before loading: weights + activations), and
