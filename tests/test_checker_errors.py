@@ -225,15 +225,20 @@ class Clean(Block, module="test.errors"):
         return y.transpose(1, 2).reshape(B, N, self.D) + x * first
 
 
-class LastApart(Block, module="test.errors"):
-    """Every layer but the last in a loop, the last on its own: a slice of a sub array iterates."""
+class _Layers(Block, abstract=True):
+    """A stack of same-typed layers, for the blocks below that iterate or index a slice of it."""
 
     D: Dim
     Layers: Dim
     T: Float = f32
-    where = "Layers > 0"
 
     layers: Array[Linear["D, D, T"], "Layers"]
+
+
+class LastApart(_Layers, module="test.errors"):
+    """Every layer but the last in a loop, the last on its own: a slice of a sub array iterates."""
+
+    where = "Layers > 0"
 
     @entry
     def forward(self, x: "Tensor[B, D; T]") -> "Tensor[B, D; T]":
@@ -242,38 +247,21 @@ class LastApart(Block, module="test.errors"):
         return self.layers[-1](x)
 
 
-class LastUnproven(Block, module="test.errors"):
-    D: Dim
-    Layers: Dim
-    T: Float = f32
-
-    layers: Array[Linear["D, D, T"], "Layers"]
-
+class LastUnproven(_Layers, module="test.errors"):
     def forward(self, x: "Tensor[B, D; T]") -> "Tensor[B, D; T]":
         for layer in self.layers[:-1]:
             x = layer(x)
         return self.layers[-1](x)  # planted: last-unproven
 
 
-class SliceCounted(Block, module="test.errors"):
-    D: Dim
-    Layers: Dim
-    T: Float = f32
+class SliceCounted(_Layers, module="test.errors"):
     where = "Layers > 1"
-
-    layers: Array[Linear["D, D, T"], "Layers"]
 
     def forward(self, x: "Tensor[B, D; T]") -> "Tensor[B, D; T]":
         return self.layers[1:][-1](x)  # planted: slice-indexed
 
 
-class EveryOtherLayer(Block, module="test.errors"):
-    D: Dim
-    Layers: Dim
-    T: Float = f32
-
-    layers: Array[Linear["D, D, T"], "Layers"]
-
+class EveryOtherLayer(_Layers, module="test.errors"):
     def forward(self, x: "Tensor[B, D; T]") -> "Tensor[B, D; T]":
         for layer in self.layers[::2]:  # planted: stepped
             x = layer(x)

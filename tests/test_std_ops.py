@@ -294,7 +294,7 @@ def test_multihead_attention_rule_checks_the_key_bias():
     q, k, v = rand(2, 5, 32), rand(2, 7, 32), rand(2, 7, 16)
     assert rule(ops.multihead_attention, q, k, v, 4, rand(2, 1, 7)) == ((2, 5, 16), torch.float32)
     for bad in (rand(2, 5, 7), rand(2, 1, 6), rand(1, 7), rand(3, 1, 7)):
-        with pytest.raises(ShapeError, match="the key bias .* is not \\[2, 1, 7\\]"):
+        with pytest.raises(ShapeError, match=r"the key bias .* is not \[2, 1, 7\]"):
             rule(ops.multihead_attention, q, k, v, 4, bad)
     with pytest.raises(ShapeError, match="key bias"):
         rule(ops.multihead_attention, q, k, v, 4, rand(2, 1, 7, dtype=torch.float64))
