@@ -298,6 +298,9 @@ def test_multihead_attention_rule_checks_the_key_bias():
             rule(ops.multihead_attention, q, k, v, 4, bad)
     with pytest.raises(ShapeError, match="key bias"):
         rule(ops.multihead_attention, q, k, v, 4, rand(2, 1, 7, dtype=torch.float64))
+    wrong = r"key bias has shape \(2, 5, 7\), expected \(2, 1, 7\)"
+    with torch.inference_mode(), pytest.raises(ValueError, match=wrong):
+        ops.multihead_attention(q, k, v, 4, rand(2, 5, 7))  # eager: a reshape would have taken it silently
 
 
 def test_multihead_attention_rule_needs_the_heads_to_divide_the_widths():

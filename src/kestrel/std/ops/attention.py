@@ -114,6 +114,9 @@ def multihead_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads
     """
     *lead, nq, _ = q.shape
     nk, ev = k.shape[-2], v.shape[-1]
+    if key_bias is not None and tuple(key_bias.shape) != (*lead, 1, nk):  # reshaped below: it would not fail
+        raise ValueError(f"multihead_attention: the key bias has shape {tuple(key_bias.shape)}, expected "
+                         f"{(*lead, 1, nk)} (the queries' batch axes, 1, the number of keys)")
     extra = () if key_bias is None else (key_bias,)
     if kernels.plain_inference(q, k, v, *extra) and heads * nk <= FEW_KEY_COLUMNS and q.dtype.is_floating_point:
         return _few_keys_attention(q, k, v, heads, key_bias)
