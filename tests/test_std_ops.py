@@ -346,6 +346,22 @@ def test_broadcast_add_mul():
         rule(ops.add, torch.ones(3, dtype=torch.int32), rand(3))
 
 
+def test_addcmul_is_the_residual_plus_the_scaled_branch():
+    x, branch, scale = rand(2, 5, 8), rand(2, 5, 8), rand(8)
+    out = both(ops.addcmul, x, branch, scale)
+    exact = (x.double() + branch.double() * scale.double()).float()
+    close(out, exact, tol=1e-6)  # the product may be fused into the add: one rounding, not two
+    assert both(ops.addcmul, rand(5, 1), rand(3, 1, 4), rand(4)).shape == (3, 5, 4)  # all three broadcast
+    with pytest.raises(ShapeError, match="cannot broadcast"):
+        rule(ops.addcmul, rand(2, 8), rand(2, 8), rand(7))
+    with pytest.raises(ShapeError, match="cannot broadcast"):
+        rule(ops.addcmul, rand(3, 8), rand(2, 8), rand(8))
+    with pytest.raises(ShapeError, match="dtype"):
+        rule(ops.addcmul, rand(8), rand(8), rand(8, dtype=torch.float64))
+    with pytest.raises(ShapeError, match="three tensors"):
+        rule(ops.addcmul, rand(8), rand(8), 2.0)
+
+
 # ---------------------------------------------------------------------------------- layout ops
 
 

@@ -15,7 +15,8 @@ class LayerNorm(transformer.LayerNorm):
 
 
 class LayerScale(Block):
-    """A learnt per-channel gain on a residual branch."""
+    """A learnt per-channel gain on a residual branch. The layers apply it and the residual's add in one pass,
+    ``ops.addcmul(x, branch, lambda1)``; ``forward`` is the gain alone."""
 
     D: Dim
     T: Float
@@ -50,8 +51,8 @@ class EncoderLayer(_ScaledLayer):
     layer_scale2: LayerScale["D, T"]
 
     def forward(self, x: "Tensor[B, N, D; T]") -> "Tensor[B, N, D; T]":
-        x = x + self.layer_scale1(self.attention(self.norm1(x)))
-        return x + self.layer_scale2(self.down(ops.gelu_(self.up(self.norm2(x)))))
+        x = ops.addcmul(x, self.attention(self.norm1(x)), self.layer_scale1.lambda1)
+        return ops.addcmul(x, self.down(ops.gelu_(self.up(self.norm2(x)))), self.layer_scale2.lambda1)
 
 
 class _Root(transformer.ClassTokenEncoder, abstract=True):
@@ -99,8 +100,8 @@ class SwiGluEncoderLayer(_ScaledLayer, module="dinov2.swiglu"):
     layer_scale2: LayerScale["D, T"]
 
     def forward(self, x: "Tensor[B, N, D; T]") -> "Tensor[B, N, D; T]":
-        x = x + self.layer_scale1(self.attention(self.norm1(x)))
-        return x + self.layer_scale2(self.mlp(self.norm2(x)))
+        x = ops.addcmul(x, self.attention(self.norm1(x)), self.layer_scale1.lambda1)
+        return ops.addcmul(x, self.mlp(self.norm2(x)), self.layer_scale2.lambda1)
 
 
 class SwiGluModel(_Root, module="dinov2.swiglu"):

@@ -30,6 +30,7 @@ from .conv import conv1d, conv2d, conv_transpose2x2, depthwise_conv2d, interpola
 from .elementwise import (
     abs_,
     add,
+    addcmul,
     cast,
     cos,
     div,
@@ -73,7 +74,7 @@ from .reuse import kept
 _t = like  # the name std/ops_attention.py imports
 
 __all__ = [
-    "FEW_KEY_COLUMNS", "abs_", "add", "amax", "arange_like", "argmax", "attention", "axis", "bmm",
+    "FEW_KEY_COLUMNS", "abs_", "add", "addcmul", "amax", "arange_like", "argmax", "attention", "axis", "bmm",
     "broadcast_dims", "cast", "cat", "contiguous", "conv1d", "conv2d", "conv_transpose2x2", "cos",
     "depthwise_conv2d", "dim_like",
     "div", "embedding", "eq", "exp", "expand", "flatten", "float_dtype", "fused_linear", "gather", "ge", "gelu",
