@@ -102,6 +102,15 @@ def _binary(op):
     return draw
 
 
+def _addcmul(rnd):
+    """Three operands whose shapes broadcast or not (suffixes, ones, unrelated), dtypes mixed or not."""
+    a = dims(rnd, 0, 3)
+    shapes = [a] + [a[rnd.randint(0, len(a)):] if rnd.random() < 0.6 else dims(rnd, 0, 3) for _ in range(2)]
+    shapes = [[1 if rnd.random() < 0.2 else d for d in s] for s in shapes]
+    dtype = rnd.choice(DTYPES)
+    return ops.addcmul, tuple(t(rnd, *s, dtype=dtype if rnd.random() < 0.8 else None) for s in shapes), {}
+
+
 def _unary(op):
     return lambda rnd: (op, (t(rnd, *dims(rnd, 0, 3)),), {})
 
@@ -437,6 +446,7 @@ def _gelu(op):
 
 TABLE: dict[str, Callable[[random.Random], tuple]] = {
     "add": _binary(ops.add), "sub": _binary(ops.sub), "mul": _binary(ops.mul), "div": _binary(ops.div),
+    "addcmul": _addcmul,
     "relu": _unary(ops.relu), "sigmoid": _unary(ops.sigmoid), "silu": _unary(ops.silu), "tanh": _unary(ops.tanh),
     "exp": _unary(ops.exp), "sin": _unary(ops.sin), "cos": _unary(ops.cos), "abs": _unary(ops.abs_),
     "gelu": _gelu(ops.gelu), "gelu_": _gelu(ops.gelu_), "eq": _compare(ops.eq), "gt": _compare(ops.gt),
