@@ -87,6 +87,53 @@ def test_a_linear_with_its_gelu_keeps_the_two_ops_in_graphs_and_int8():
         assert rel_diff(y, F.gelu(F.linear(x, q, b), approximate="tanh")) < 0.05  # int8's error, not f32's
 
 
+def _counting_post_op(monkeypatch, name):
+    calls = []
+    fused = kernels.KERNELS[name].run_gelu_tanh
+    monkeypatch.setitem(kernels.KERNELS, name, dataclasses.replace(
+        kernels.KERNELS[name], run_gelu_tanh=lambda *a: calls.append(1) or fused(*a)))
+    return calls
+
+
+@pytest.mark.skipif("onednn" not in kernels.KERNELS, reason="oneDNN's matmul is not in this torch build")
+def test_the_gelu_post_op_is_a_measured_choice_kept_beside_the_shapes_kernel(monkeypatch):
+    x, w, b = _data()
+    calls = _counting_post_op(monkeypatch, "onednn")
+    raced = []
+    real = kernels.measure_gelu
+
+    def measure_gelu(*args, **kw):
+        raced.append(1)
+        return real(*args, **kw, budget_s=0.01)
+
+    monkeypatch.setattr(kernels, "measure_gelu", measure_gelu)
+    table = calibrate.table()
+    table.put(300, 200, 96, True, {"kernel": "onednn", "gflops": {"onednn": 1.0}})
+    want = F.gelu(F.linear(x, w, b), approximate="tanh")
+    with torch.no_grad():
+        out = ops.linear_gelu(x, w, b, "tanh")
+        assert rel_diff(out, want) < 1e-6
+        assert len(raced) == 1  # the first call raced the post-op against a separate pass
+        verdict = table.entry(300, 200, 96, True)["gelu_tanh"]["onednn"]
+        assert set(verdict["ms"]) == {"post-op", "pass"} and all(t > 0 for t in verdict["ms"].values())
+        calls.clear()  # the race's own post-op calls went through the kernel too
+        assert rel_diff(ops.linear_gelu(x, w, b, "tanh"), want) < 1e-6
+        assert len(calls) == verdict["post_op"] and len(raced) == 1
+        # kept in the file: a new process follows the verdict without racing; here the pass is recorded
+        saved = json.loads(table.path.read_text())["shapes"][calibrate.shape_key(300, 200, 96, True)]
+        assert saved["gelu_tanh"]["onednn"]["post_op"] == verdict["post_op"]
+        calibrate.forget()
+        table = calibrate.table()
+        table.entry(300, 200, 96, True)["gelu_tanh"]["onednn"]["post_op"] = False
+        calls.clear()
+        assert rel_diff(ops.linear_gelu(x, w, b, "tanh"), want) < 1e-6
+        assert calls == [] and len(raced) == 1
+        table.entry(300, 200, 96, True)["gelu_tanh"]["onednn"]["post_op"] = True
+        calibrate.forget_decisions()
+        assert rel_diff(ops.linear_gelu(x, w, b, "tanh"), want) < 1e-6
+        assert calls == [1] and len(raced) == 1
+
+
 def test_measure_times_every_candidate_and_rejects_a_wrong_one(monkeypatch):
     x, w, b = _data()
     wrong = kernels.Kernel("wrong", "test", lambda x, w, b: F.linear(x, w, b) * 1.001)

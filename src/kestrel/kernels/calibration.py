@@ -207,6 +207,7 @@ def forget_decisions() -> None:
     next call."""
     WEIGHTS.clear("decision")
     WEIGHTS.clear("int8-decision")
+    WEIGHTS.clear("gelu-post-op")
     DECIDED.clear()
 
 

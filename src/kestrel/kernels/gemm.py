@@ -40,8 +40,8 @@ from .settings import SettingError
 from .weights import WEIGHTS
 
 __all__ = ["DEFAULT", "KERNELS", "Kernel", "choose", "choose_int8", "conv_transpose2x2", "eager_ok", "forced",
-           "fused_linear", "int8_available", "linear", "linear_gelu", "mark_int8", "measure", "measure_int8",
-           "packs_in_place", "plain_inference"]
+           "fused_linear", "int8_available", "linear", "linear_gelu", "mark_int8", "measure", "measure_gelu",
+           "measure_int8", "packs_in_place", "plain_inference"]
 # shapes under this many FLOPs are not worth timing: they run torch's default
 MIN_CALIBRATED_FLOPS = 2e6
 # calibration of one shape: at most this many rows of the call's input, about this many seconds. 4096 rows is
@@ -310,13 +310,77 @@ def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         return F.gelu(F.linear(x, weight, bias), approximate=approximate)
     if approximate == "tanh" and not _marked_int8(weight):
         x2d = _rows(x)
-        fused = KERNELS[_decide(x2d, weight, bias)].run_gelu_tanh
-        if fused is not None:
+        name = _decide(x2d, weight, bias)
+        fused = KERNELS[name].run_gelu_tanh
+        if fused is not None and _gelu_post_op(x2d, weight, bias, name):
             return fused(x2d, weight, bias).view(*x.shape[:-1], weight.shape[0])
     y = linear(x, weight, bias)
     if approximate == "tanh":
         return gelu_tanh_(y)
     return torch.ops.aten.gelu_(y)
+
+
+def _gelu_post_op(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, name: str) -> bool:
+    """Whether ``name``'s GELU post-op beats the GEMM and a separate GELU pass at this shape: measured once
+    per shape and kernel (:func:`measure_gelu`), kept beside the shape's kernel choice in the calibration
+    table. Unmeasured (a forced kernel, ``KESTREL_CALIBRATE=0``): the post-op.
+
+    The post-op saves a pass over the MLP's largest tensor, but what it costs depends on the CPU: SigLIP's
+    1568-row MLP GEMM on an AMD EPYC with AVX2 took 57 ms alone, 87 ms with oneDNN's tanh-GELU post-op and
+    63 ms with a separate pass, where on an AVX-512 EPYC the post-op saved 5% (README, "Measurements behind
+    the kernels")."""
+    extra = (x2d.shape[0], bias is not None, torch.get_num_threads(), name)
+    verdict = WEIGHTS.get("gelu-post-op", (weight,), extra)
+    if verdict is None:
+        verdict = WEIGHTS.put("gelu-post-op", (weight,), _gelu_verdict(x2d, weight, bias, name), extra)
+    return verdict
+
+
+def _gelu_verdict(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, name: str) -> bool:
+    m, k = x2d.shape
+    n = weight.shape[0]
+    table = calibration.table()
+    entry = table.entry(m, n, k, bias is not None, x2d.dtype)
+    if entry is None or entry.get("kernel") != name:  # forced, not calibrated, or an in-place fallback
+        return True
+    known = entry.get("gelu_tanh", {}).get(name)
+    if known is not None:
+        return known["post_op"]
+    if not settings.calibrate():
+        return True
+    result = measure_gelu(x2d, weight, bias, name)
+    entry.setdefault("gelu_tanh", {})[name] = result
+    table.save()
+    return result["post_op"]
+
+
+def measure_gelu(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, name: str,
+                 budget_s: float = CAL_BUDGET_S / 2) -> dict[str, Any]:
+    """Race ``name``'s GEMM with its tanh-GELU post-op against the same GEMM followed by a separate GELU pass
+    (:func:`gelu_tanh_`), on (up to CAL_ROWS rows of) this input and cold copies of the weight, as
+    :func:`measure` races kernels. ``{"post_op": whether the post-op stays, "ms": {"post-op": ..., "pass":
+    ...}}``: the pass must win by MARGIN, as any candidate against a default."""
+    kernel = KERNELS[name]
+    assert kernel.run_gelu_tanh is not None
+    x = x2d[:CAL_ROWS]
+    m, k = x.shape
+    copies = _cold_copies(weight, 2.0 * m * weight.shape[0] * k)
+    with _copies(weight, copies) as weights:
+        if kernel.copies_weight:
+            _pack_all(kernel, weights, m)
+        runs = {"post-op": functools.partial(_run_on, kernel.run_gelu_tanh, x, weights, bias),
+                "pass": functools.partial(_run_on, _gemm_then_gelu(kernel), x, weights, bias)}
+        best, _ = _race(runs, copies, budget_s)
+        for w in weights:
+            WEIGHTS.pop("packed", (w,))
+    post_op = not best["pass"] * (1 + MARGIN) < best["post-op"]
+    return {"post_op": post_op, "ms": {label: round(t * 1e3, 3) for label, t in best.items()}, "rows": m}
+
+
+def _gemm_then_gelu(kernel: Kernel) -> Any:
+    def run(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        return gelu_tanh_(kernel.run(x, w, b))
+    return run
 
 
 # ------------------------------------------------------------------------- transposed 2x2 convolution
