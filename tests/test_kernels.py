@@ -87,18 +87,25 @@ def test_a_linear_with_its_gelu_keeps_the_two_ops_in_graphs_and_int8():
         assert rel_diff(y, F.gelu(F.linear(x, q, b), approximate="tanh")) < 0.05  # int8's error, not f32's
 
 
-def _counting_post_op(monkeypatch, name):
+def _counting_ways(monkeypatch, name):
+    """Calls of each tanh-GELU placement (the kernel's post-op, the two passes after a GEMM)."""
     calls = []
-    fused = kernels.KERNELS[name].run_gelu_tanh
-    monkeypatch.setitem(kernels.KERNELS, name, dataclasses.replace(
-        kernels.KERNELS[name], run_gelu_tanh=lambda *a: calls.append(1) or fused(*a)))
+    if kernels.KERNELS[name].run_gelu_tanh is not None:
+        fused = kernels.KERNELS[name].run_gelu_tanh
+        monkeypatch.setitem(kernels.KERNELS, name, dataclasses.replace(
+            kernels.KERNELS[name], run_gelu_tanh=lambda *a: calls.append("post-op") or fused(*a)))
+    for way, gelu_pass in list(kernels._TANH_PASSES.items()):
+        monkeypatch.setitem(kernels._TANH_PASSES, way,
+                            lambda y, way=way, gelu_pass=gelu_pass: calls.append(way) or gelu_pass(y))
     return calls
 
 
-@pytest.mark.skipif("onednn" not in kernels.KERNELS, reason="oneDNN's matmul is not in this torch build")
-def test_the_gelu_post_op_is_a_measured_choice_kept_beside_the_shapes_kernel(monkeypatch):
+@pytest.mark.parametrize("name", ["onednn", "torch"])
+def test_where_the_tanh_gelu_runs_is_measured_per_shape_and_kept_beside_its_kernel(monkeypatch, name):
+    if name not in kernels.KERNELS:
+        pytest.skip(f"{name} is not in this torch build")
     x, w, b = _data()
-    calls = _counting_post_op(monkeypatch, "onednn")
+    calls = _counting_ways(monkeypatch, name)
     raced = []
     real = kernels.measure_gelu
 
@@ -108,30 +115,27 @@ def test_the_gelu_post_op_is_a_measured_choice_kept_beside_the_shapes_kernel(mon
 
     monkeypatch.setattr(kernels, "measure_gelu", measure_gelu)
     table = calibrate.table()
-    table.put(300, 200, 96, True, {"kernel": "onednn", "gflops": {"onednn": 1.0}})
+    table.put(300, 200, 96, True, {"kernel": name, "gflops": {name: 1.0}})
     want = F.gelu(F.linear(x, w, b), approximate="tanh")
+    ways = ["post-op", "sigmoid", "torch"] if name == "onednn" else ["sigmoid", "torch"]
     with torch.no_grad():
-        out = ops.linear_gelu(x, w, b, "tanh")
-        assert rel_diff(out, want) < 1e-6
-        assert len(raced) == 1  # the first call raced the post-op against a separate pass
-        verdict = table.entry(300, 200, 96, True)["gelu_tanh"]["onednn"]
-        assert set(verdict["ms"]) == {"post-op", "pass"} and all(t > 0 for t in verdict["ms"].values())
-        calls.clear()  # the race's own post-op calls went through the kernel too
         assert rel_diff(ops.linear_gelu(x, w, b, "tanh"), want) < 1e-6
-        assert len(calls) == verdict["post_op"] and len(raced) == 1
-        # kept in the file: a new process follows the verdict without racing; here the pass is recorded
+        assert len(raced) == 1  # the first call raced the placements the kernel allows
+        verdict = table.entry(300, 200, 96, True)["gelu_tanh"][name]
+        assert sorted(verdict["ms"]) == sorted(ways) and all(t > 0 for t in verdict["ms"].values())
+        assert verdict["way"] in ways
+        calls.clear()  # the race's own calls went through the same functions
+        assert rel_diff(ops.linear_gelu(x, w, b, "tanh"), want) < 1e-6
+        assert calls == [verdict["way"]] and len(raced) == 1
+        # kept in the file: a new process follows the recorded way without racing
         saved = json.loads(table.path.read_text())["shapes"][calibrate.shape_key(300, 200, 96, True)]
-        assert saved["gelu_tanh"]["onednn"]["post_op"] == verdict["post_op"]
-        calibrate.forget()
-        table = calibrate.table()
-        table.entry(300, 200, 96, True)["gelu_tanh"]["onednn"]["post_op"] = False
-        calls.clear()
-        assert rel_diff(ops.linear_gelu(x, w, b, "tanh"), want) < 1e-6
-        assert calls == [] and len(raced) == 1
-        table.entry(300, 200, 96, True)["gelu_tanh"]["onednn"]["post_op"] = True
-        calibrate.forget_decisions()
-        assert rel_diff(ops.linear_gelu(x, w, b, "tanh"), want) < 1e-6
-        assert calls == [1] and len(raced) == 1
+        assert saved["gelu_tanh"][name]["way"] == verdict["way"]
+        for way in ways:
+            calibrate.forget()
+            calibrate.table().entry(300, 200, 96, True)["gelu_tanh"][name]["way"] = way
+            calls.clear()
+            assert rel_diff(ops.linear_gelu(x, w, b, "tanh"), want) < 1e-6
+            assert calls == [way] and len(raced) == 1
 
 
 def test_measure_times_every_candidate_and_rejects_a_wrong_one(monkeypatch):

@@ -207,7 +207,7 @@ def forget_decisions() -> None:
     next call."""
     WEIGHTS.clear("decision")
     WEIGHTS.clear("int8-decision")
-    WEIGHTS.clear("gelu-post-op")
+    WEIGHTS.clear("gelu-way")
     DECIDED.clear()
 
 

@@ -39,9 +39,9 @@ from .pages import release_file_pages
 from .settings import SettingError
 from .weights import WEIGHTS
 
-__all__ = ["DEFAULT", "KERNELS", "Kernel", "choose", "choose_int8", "conv_transpose2x2", "eager_ok", "forced",
-           "fused_linear", "int8_available", "linear", "linear_gelu", "mark_int8", "measure", "measure_gelu",
-           "measure_int8", "packs_in_place", "plain_inference"]
+__all__ = ["DEFAULT", "GELU_WAYS", "KERNELS", "Kernel", "choose", "choose_int8", "conv_transpose2x2", "eager_ok",
+           "forced", "fused_linear", "int8_available", "linear", "linear_gelu", "mark_int8", "measure",
+           "measure_gelu", "measure_int8", "packs_in_place", "plain_inference"]
 # shapes under this many FLOPs are not worth timing: they run torch's default
 MIN_CALIBRATED_FLOPS = 2e6
 # calibration of one shape: at most this many rows of the call's input, about this many seconds. 4096 rows is
@@ -300,86 +300,108 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 approximate: str = "none") -> torch.Tensor:
-    """``gelu(x @ weight.T + bias)``, an MLP's first half. With the tanh approximation, where the kernel chosen
-    for the linear's shape is oneDNN's, the GELU runs as its post-op on each output tile before it is stored:
-    the hidden activation, an MLP's largest tensor, is written once and not read back (SigLIP's MLP at 196
-    rows on one AMD EPYC: 4.59 -> 4.37 ms, the same error against float64; README, "Measurements behind the
-    kernels"). Elsewhere (other kernels, int8, the exact GELU, whose separate pass costs next to nothing)
-    the GEMM, then the GELU in place on its fresh output. Graphs see ``F.linear`` + ``F.gelu``."""
+    """``gelu(x @ weight.T + bias)``, an MLP's first half. With the tanh approximation, where the GELU runs is
+    measured per shape and kernel (:data:`GELU_WAYS`, :func:`measure_gelu`): as oneDNN's post-op on each output
+    tile before it is stored (the hidden activation, an MLP's largest tensor, written once and not read back),
+    or in place after the GEMM in one of two forms. Elsewhere (int8, the exact GELU, whose separate pass costs
+    next to nothing) the GEMM, then the GELU in place on its fresh output. Graphs see ``F.linear`` +
+    ``F.gelu``."""
     if not eager_ok(x, weight) or x.numel() == 0:
         return F.gelu(F.linear(x, weight, bias), approximate=approximate)
     if approximate == "tanh" and not _marked_int8(weight):
         x2d = _rows(x)
         name = _decide(x2d, weight, bias)
-        fused = KERNELS[name].run_gelu_tanh
-        if fused is not None and _gelu_post_op(x2d, weight, bias, name):
+        way = _gelu_way(x2d, weight, bias, name)
+        if way == "post-op":
+            fused = KERNELS[name].run_gelu_tanh
+            assert fused is not None
             return fused(x2d, weight, bias).view(*x.shape[:-1], weight.shape[0])
+        return _TANH_PASSES[way](linear(x, weight, bias))
     y = linear(x, weight, bias)
     if approximate == "tanh":
         return gelu_tanh_(y)
     return torch.ops.aten.gelu_(y)
 
 
-def _gelu_post_op(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, name: str) -> bool:
-    """Whether ``name``'s GELU post-op beats the GEMM and a separate GELU pass at this shape: measured once
-    per shape and kernel (:func:`measure_gelu`), kept beside the shape's kernel choice in the calibration
-    table. Unmeasured (a forced kernel, ``KESTREL_CALIBRATE=0``): the post-op.
+def _torch_gelu_tanh_(y: torch.Tensor) -> torch.Tensor:
+    return torch.ops.aten.gelu_(y, approximate="tanh")
 
-    The post-op saves a pass over the MLP's largest tensor, but what it costs depends on the CPU: SigLIP's
-    1568-row MLP GEMM on an AMD EPYC with AVX2 took 57 ms alone, 87 ms with oneDNN's tanh-GELU post-op and
-    63 ms with a separate pass, where on an AVX-512 EPYC the post-op saved 5% (README, "Measurements behind
-    the kernels")."""
+
+# The tanh-GELU placements linear_gelu races per shape and kernel, the first that applies being the default:
+#   post-op  the kernel's own (oneDNN's, applied to each output tile before it is stored)
+#   sigmoid  the GEMM, then gelu_tanh_ in place (x * sigmoid(2u) in cache-sized steps)
+#   torch    the GEMM, then torch's tanh GELU in place
+# Which wins depends on the CPU: SigLIP's 1568-row MLP GEMM on an AMD EPYC with AVX2 took 57 ms alone, 87 with
+# oneDNN's post-op and 63 with a separate pass, where on an AVX-512 EPYC the post-op saved 5% (README,
+# "Measurements behind the kernels").
+GELU_WAYS = ("post-op", "sigmoid", "torch")
+_TANH_PASSES = {"sigmoid": gelu_tanh_, "torch": _torch_gelu_tanh_}
+
+
+def _gelu_way(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, name: str) -> str:
+    """Where this linear's tanh GELU runs (:data:`GELU_WAYS`): measured once per shape and kernel, kept beside the
+    shape's kernel choice in the calibration table. Unmeasured (a forced kernel, a shape too small to calibrate,
+    ``KESTREL_CALIBRATE=0``): the kernel's post-op where it has one, else the sigmoid form."""
     extra = (x2d.shape[0], bias is not None, torch.get_num_threads(), name)
-    verdict = WEIGHTS.get("gelu-post-op", (weight,), extra)
-    if verdict is None:
-        verdict = WEIGHTS.put("gelu-post-op", (weight,), _gelu_verdict(x2d, weight, bias, name), extra)
-    return verdict
+    way = WEIGHTS.get("gelu-way", (weight,), extra)
+    if way is None:
+        way = WEIGHTS.put("gelu-way", (weight,), _gelu_verdict(x2d, weight, bias, name), extra)
+    return way
 
 
-def _gelu_verdict(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, name: str) -> bool:
+def _gelu_ways(name: str) -> list[str]:
+    return [w for w in GELU_WAYS if w != "post-op" or KERNELS[name].run_gelu_tanh is not None]
+
+
+def _gelu_verdict(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, name: str) -> str:
     m, k = x2d.shape
     n = weight.shape[0]
     table = calibration.table()
     entry = table.entry(m, n, k, bias is not None, x2d.dtype)
+    default = _gelu_ways(name)[0]
     if entry is None or entry.get("kernel") != name:  # forced, not calibrated, or an in-place fallback
-        return True
-    known = entry.get("gelu_tanh", {}).get(name)
-    if known is not None:
-        return known["post_op"]
+        return default
+    known = entry.get("gelu_tanh", {}).get(name, {}).get("way")
+    if known in _gelu_ways(name):
+        return known
     if not settings.calibrate():
-        return True
+        return default
     result = measure_gelu(x2d, weight, bias, name)
     entry.setdefault("gelu_tanh", {})[name] = result
     table.save()
-    return result["post_op"]
+    return result["way"]
 
 
 def measure_gelu(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, name: str,
                  budget_s: float = CAL_BUDGET_S / 2) -> dict[str, Any]:
-    """Race ``name``'s GEMM with its tanh-GELU post-op against the same GEMM followed by a separate GELU pass
-    (:func:`gelu_tanh_`), on (up to CAL_ROWS rows of) this input and cold copies of the weight, as
-    :func:`measure` races kernels. ``{"post_op": whether the post-op stays, "ms": {"post-op": ..., "pass":
-    ...}}``: the pass must win by MARGIN, as any candidate against a default."""
+    """Race the tanh-GELU placements of :data:`GELU_WAYS` that ``name`` allows after its GEMM, on (up to
+    CAL_ROWS rows of) this input and cold copies of the weight, as :func:`measure` races kernels.
+    ``{"way": the chosen, "ms": {way: best milliseconds}, "rows": timed rows}``: another way replaces the
+    default (the first) only where it wins by MARGIN."""
     kernel = KERNELS[name]
-    assert kernel.run_gelu_tanh is not None
+    ways = _gelu_ways(name)
     x = x2d[:CAL_ROWS]
     m, k = x.shape
     copies = _cold_copies(weight, 2.0 * m * weight.shape[0] * k)
     with _copies(weight, copies) as weights:
         if kernel.copies_weight:
             _pack_all(kernel, weights, m)
-        runs = {"post-op": functools.partial(_run_on, kernel.run_gelu_tanh, x, weights, bias),
-                "pass": functools.partial(_run_on, _gemm_then_gelu(kernel), x, weights, bias)}
+        runs = {way: functools.partial(_run_on, _gelu_run(kernel, way), x, weights, bias) for way in ways}
         best, _ = _race(runs, copies, budget_s)
         for w in weights:
             WEIGHTS.pop("packed", (w,))
-    post_op = not best["pass"] * (1 + MARGIN) < best["post-op"]
-    return {"post_op": post_op, "ms": {label: round(t * 1e3, 3) for label, t in best.items()}, "rows": m}
+    fastest = min(best, key=best.__getitem__)
+    way = fastest if best[fastest] * (1 + MARGIN) < best[ways[0]] else ways[0]
+    return {"way": way, "ms": {label: round(t * 1e3, 3) for label, t in best.items()}, "rows": m}
 
 
-def _gemm_then_gelu(kernel: Kernel) -> Any:
+def _gelu_run(kernel: Kernel, way: str) -> Any:
+    if way == "post-op":
+        return kernel.run_gelu_tanh
+    gelu_pass = _TANH_PASSES[way]
+
     def run(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        return gelu_tanh_(kernel.run(x, w, b))
+        return gelu_pass(kernel.run(x, w, b))
     return run
 
 
