@@ -130,6 +130,8 @@ def test_where_the_tanh_gelu_runs_is_measured_per_shape_and_kept_beside_its_kern
         # kept in the file: a new process follows the recorded way without racing
         saved = json.loads(table.path.read_text())["shapes"][calibrate.shape_key(300, 200, 96, True)]
         assert saved["gelu_tanh"][name]["way"] == verdict["way"]
+        text = "\n".join(calibrate.format_choices([(calibrate.shape_key(300, 200, 96, True), saved)]))
+        assert f"tanh GELU: {verdict['way']}" in text  # kestrel doctor prints it under the shape
         for way in ways:
             calibrate.forget()
             calibrate.table().entry(300, 200, 96, True)["gelu_tanh"][name]["way"] = way

@@ -310,4 +310,8 @@ def format_choices(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
         if not rates:
             why = "  (not measured: small, forced or calibration off)"
         out.append(f"  {s:<22} {r.get('kernel', '-'):<13} {cells}{why}")
+        gelu = r.get("gelu_tanh", {}).get(r.get("kernel"), {})
+        if "way" in gelu:  # where this shape's tanh GELU runs (kernels.gemm.measure_gelu)
+            times = ", ".join(f"{w} {t:.3g}" for w, t in gelu.get("ms", {}).items())
+            out.append(f"  {'':<22} tanh GELU: {gelu['way']}" + (f"  ({times} ms)" if times else ""))
     return out
