@@ -140,6 +140,20 @@ def test_where_the_tanh_gelu_runs_is_measured_per_shape_and_kept_beside_its_kern
             assert calls == [way] and len(raced) == 1
 
 
+@pytest.mark.skipif("onednn" not in kernels.KERNELS, reason="oneDNN's matmul is not in this torch build")
+def test_a_gelu_placement_raced_while_others_took_the_cores_serves_this_process_only(monkeypatch):
+    x, w, b = _data()
+    monkeypatch.setattr(kernels, "others_share", lambda fn: (fn(), 0.9))
+    table = calibrate.table()
+    table.put(300, 200, 96, True, {"kernel": "onednn", "gflops": {"onednn": 1.0}})
+    with torch.no_grad():
+        out = ops.linear_gelu(x, w, b, "tanh")
+    assert rel_diff(out, F.gelu(F.linear(x, w, b), approximate="tanh")) < 1e-6
+    assert kernels.WEIGHTS.get("gelu-way", (w,), (300, True, torch.get_num_threads(), "onednn")) in kernels.GELU_WAYS
+    saved = json.loads(table.path.read_text())["shapes"][calibrate.shape_key(300, 200, 96, True)]
+    assert "gelu_tanh" not in saved and "gelu_tanh" not in table.entry(300, 200, 96, True)
+
+
 def test_measure_times_every_candidate_and_rejects_a_wrong_one(monkeypatch):
     x, w, b = _data()
     wrong = kernels.Kernel("wrong", "test", lambda x, w, b: F.linear(x, w, b) * 1.001)
