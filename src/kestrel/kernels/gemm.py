@@ -311,12 +311,8 @@ def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if approximate == "tanh" and not _marked_int8(weight):
         x2d = _rows(x)
         name = _decide(x2d, weight, bias)
-        way = _gelu_way(x2d, weight, bias, name)
-        if way == "post-op":
-            fused = KERNELS[name].run_gelu_tanh
-            assert fused is not None
-            return fused(x2d, weight, bias).view(*x.shape[:-1], weight.shape[0])
-        return _TANH_PASSES[way](linear(x, weight, bias))
+        run = _gelu_run(KERNELS[name], _gelu_way(x2d, weight, bias, name))
+        return run(x2d, weight, bias).view(*x.shape[:-1], weight.shape[0])
     y = linear(x, weight, bias)
     if approximate == "tanh":
         return gelu_tanh_(y)
@@ -399,6 +395,7 @@ def measure_gelu(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 
 def _gelu_run(kernel: Kernel, way: str) -> Any:
+    """``kernel``'s GEMM with the tanh GELU placed ``way``: what linear_gelu runs and measure_gelu times."""
     if way == "post-op":
         return kernel.run_gelu_tanh
     gelu_pass = _TANH_PASSES[way]
