@@ -21,6 +21,22 @@ def _private_kestrel_cache(tmp_path_factory: pytest.TempPathFactory):
         os.environ.pop("KESTREL_CACHE_DIR", None)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _quick_kernel_races():
+    """Every kernel race runs its fewest rounds (``KESTREL_CALIBRATION_BUDGET=0``; the CLI's processes inherit it):
+    each candidate still runs and is checked against F.linear, and a model's first call chooses among them,
+    without the 0.4-1.2 s per new shape a user's first call spends to rank them reliably (about half of the
+    SAM 2.1 parity tests' time). A budget given in the environment is kept."""
+    if "KESTREL_CALIBRATION_BUDGET" in os.environ:
+        yield
+        return
+    os.environ["KESTREL_CALIBRATION_BUDGET"] = "0"
+    try:
+        yield
+    finally:
+        os.environ.pop("KESTREL_CALIBRATION_BUDGET", None)
+
+
 @pytest.fixture
 def own_calibration(tmp_path, monkeypatch):
     """A calibration cache of the test's own and no forced kernel: the choices a test measures (or counts)

@@ -15,6 +15,7 @@ from transformers import ViTConfig, ViTForImageClassification
 import kestrel
 from kestrel.kernels import calibration as calibrate
 from kestrel.kernels import gemm as kernels
+from kestrel.kernels import settings
 from kestrel.kernels.weights import WEIGHTS, adjacent
 from kestrel.std import ops
 from reference import rel_diff, resident_pages, seeded
@@ -178,13 +179,35 @@ def test_measure_streams_cold_copies_of_a_small_weight_and_drops_them(monkeypatc
 
     monkeypatch.setitem(kernels.KERNELS, "spy", kernels.Kernel("spy", "test", spy))
     monkeypatch.setattr(kernels, "COLD_BYTES", 64 * w.numel() * w.element_size())
-    kernels.measure(x, w, b, kernels=["torch", "spy"], budget_s=0.0)
+    monkeypatch.setattr(kernels, "CAL_ROUNDS", (3, 3))  # a budget that holds 64 copies, and just the fewest rounds
+    kernels.measure(x, w, b, kernels=["torch", "spy"], budget_s=60.0)
     # the check call reads the weight itself; every timed pass reads it and its 63 copies once each
-    assert len(set(seen)) == 64 and len(seen) == 1 + 64 * kernels.CAL_ROUNDS[0]
+    assert len(set(seen)) == 64 and len(seen) == 1 + 64 * 3
     monkeypatch.setattr(kernels, "PASS_FLOPS", 1.0)  # a long GEMM: one weight per pass
     seen.clear()
-    kernels.measure(x, w, b, kernels=["spy"], budget_s=0.0)
+    kernels.measure(x, w, b, kernels=["spy"], budget_s=60.0)
     assert set(seen) == {w.data_ptr()}
+
+
+def test_a_pass_shrinks_to_fit_the_calibration_budget(monkeypatch):
+    """KESTREL_CALIBRATION_BUDGET=0 (the test suite's) races every candidate on one copy, its fewest rounds."""
+    x, w, b = _data(m=8, k=64, n=64)
+    seen: list[int] = []
+
+    def spy(x, w, b):
+        seen.append(w.data_ptr())
+        return F.linear(x, w, b)
+
+    monkeypatch.setitem(kernels.KERNELS, "spy", kernels.Kernel("spy", "test", spy))
+    monkeypatch.setattr(kernels, "COLD_BYTES", 64 * w.numel() * w.element_size())
+    monkeypatch.setenv("KESTREL_CALIBRATION_BUDGET", "0")
+    res = kernels.measure(x, w, b, kernels=["torch", "spy"])
+    assert set(seen) == {w.data_ptr()} and len(seen) == 1 + kernels.CAL_ROUNDS[0]
+    assert set(res["gflops"]) == {"torch", "spy"}
+    for bad in ("-1", "soon", "inf"):
+        monkeypatch.setenv("KESTREL_CALIBRATION_BUDGET", bad)
+        with pytest.raises(settings.SettingError, match="KESTREL_CALIBRATION_BUDGET"):
+            kernels.measure(x, w, b, kernels=["torch", "spy"])
 
 
 def test_two_packing_kernels_are_each_timed_on_their_own_layouts(monkeypatch):
@@ -210,9 +233,10 @@ def test_two_packing_kernels_are_each_timed_on_their_own_layouts(monkeypatch):
     for name in ("pack-a", "pack-b"):
         monkeypatch.setitem(kernels.KERNELS, name, packing(name))
     monkeypatch.setattr(kernels, "COLD_BYTES", 16 * w.numel() * w.element_size())
-    kernels.measure(x, w, b, kernels=["torch", "pack-a", "pack-b"], budget_s=0.0)
+    monkeypatch.setattr(kernels, "CAL_ROUNDS", (3, 3))
+    kernels.measure(x, w, b, kernels=["torch", "pack-a", "pack-b"], budget_s=60.0)
     runs = [e for e in events if e[0] == "run"]
-    assert len(runs) == 2 * (1 + 16 * kernels.CAL_ROUNDS[0])  # the check call, then every timed pass
+    assert len(runs) == 2 * (1 + 16 * 3)  # the check call, then every timed pass
     packs = [e for e in events if e[0] == "pack"]
     assert len(packs) > 2 * 16  # the two did replace each other's layouts between rounds
     inside = [i for i in range(1, len(events)) if events[i][0] == "pack" and events[i - 1] == ("run", events[i][1])]

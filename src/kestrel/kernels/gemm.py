@@ -44,12 +44,12 @@ __all__ = ["DEFAULT", "GELU_WAYS", "KERNELS", "Kernel", "choose", "choose_int8",
            "measure_gelu", "measure_int8", "packs_in_place", "plain_inference"]
 # shapes under this many FLOPs are not worth timing: they run torch's default
 MIN_CALIBRATED_FLOPS = 2e6
-# calibration of one shape: at most this many rows of the call's input, about this many seconds. 4096 rows is
+# calibration of one shape: at most this many rows of the call's input, about settings.calibration_budget()
+# seconds (KESTREL_CALIBRATION_BUDGET, 0.4 by default) in CAL_ROUNDS rounds. 4096 rows is
 # SAM's and SAM 2.1's decoders at batch 1 (a 64 x 64 grid of image tokens): timed at 2048 rows (2 MB of input
 # for a 256-wide shape, an L2's worth) the kernels ranked differently from the 4096 rows a decode runs (one AMD
 # EPYC, 4096 x 256 -> 128: MKL packed and oneDNN packed level at 2048 rows, oneDNN packed 1.3x at 4096)
 CAL_ROWS = 4096
-CAL_BUDGET_S = 0.4
 CAL_ROUNDS = (3, 12)  # at least, at most
 # Where the two fastest candidates stand within CLOSE_MARGIN of each other after the budget, the race goes on, up
 # to CLOSE_BUDGET times the budget (and CAL_ROUNDS' most): on a virtual machine one round's noise (10-30% seen)
@@ -123,7 +123,7 @@ def choose(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
 
 
 def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-            kernels: Sequence[str] | None = None, budget_s: float = CAL_BUDGET_S) -> dict[str, Any]:
+            kernels: Sequence[str] | None = None, budget_s: float | None = None) -> dict[str, Any]:
     """Time every candidate on (up to CAL_ROWS rows of) this input, interleaved; check each against F.linear.
 
     Each timing is a pass over enough copies of the weight (COLD_BYTES) that none is in cache when it
@@ -157,7 +157,8 @@ def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             rejected[name] = f"differs from F.linear by {err:.1e}"
             continue
         live.append(name)
-    copies = _cold_copies(weight, flops) if live else 1
+    budget_s = _budget(budget_s)
+    copies = _pass_copies(x, weight, bias, len(live), budget_s) if live else 1
     with _copies(weight, copies) as weights:
         runs = {name: functools.partial(_run_on, KERNELS[name].run, x, weights, bias) for name in live}
         # a weight keeps one packed layout, so two packing kernels on the same copies repack them in turn:
@@ -174,11 +175,19 @@ def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     return note_load(out, others)
 
 
-def _cold_copies(weight: torch.Tensor, flops: float) -> int:
+def _pass_copies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, runs: int,
+                 budget_s: float) -> int:
     """How many copies of ``weight`` one timed pass runs over: enough that none is in cache when it is read
-    (COLD_BYTES), fewer for a long GEMM (PASS_FLOPS), whose first read of the weight hardly shows."""
-    return max(1, min(MAX_COPIES, -(-COLD_BYTES // max(1, weight.numel() * weight.element_size())),
+    (COLD_BYTES), fewer for a long GEMM (PASS_FLOPS), whose first read of the weight hardly shows, and no more
+    than lets ``runs`` candidates' fewest rounds fit ``budget_s`` (one call timed now: a budget of 0, the test
+    suite's, times a single copy)."""
+    flops = 2.0 * x.shape[0] * weight.shape[0] * x.shape[1]
+    cold = max(1, min(MAX_COPIES, -(-COLD_BYTES // max(1, weight.numel() * weight.element_size())),
                       int(PASS_FLOPS // max(flops, 1.0))))
+    t = time.perf_counter()
+    F.linear(x, weight, bias)
+    call_s = time.perf_counter() - t
+    return max(1, min(cold, int(budget_s / (CAL_ROUNDS[0] * max(runs, 1) * call_s + 1e-12))))
 
 
 @contextlib.contextmanager
@@ -236,6 +245,11 @@ def _race(runs: dict[str, Any], copies: int, budget_s: float,
 
     _, others = others_share(rounds)
     return best, others
+
+
+def _budget(budget_s: float | None) -> float:
+    """A race's budget: the caller's, else the setting's (``KESTREL_CALIBRATION_BUDGET``)."""
+    return settings.calibration_budget() if budget_s is None else budget_s
 
 
 def _close(best: dict[str, float]) -> bool:
@@ -370,7 +384,7 @@ def _gelu_verdict(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
 
 
 def measure_gelu(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, name: str,
-                 budget_s: float = CAL_BUDGET_S / 2) -> dict[str, Any]:
+                 budget_s: float | None = None) -> dict[str, Any]:
     """Race the tanh-GELU placements of :data:`GELU_WAYS` that ``name`` allows after its GEMM, on (up to
     CAL_ROWS rows of) this input and cold copies of the weight, as :func:`measure` races kernels.
     ``{"way": the chosen, "ms": {way: best milliseconds}, "rows": timed rows, "others": the share of the machine
@@ -379,8 +393,9 @@ def measure_gelu(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     kernel = KERNELS[name]
     ways = _gelu_ways(name)
     x = x2d[:CAL_ROWS]
-    m, k = x.shape
-    copies = _cold_copies(weight, 2.0 * m * weight.shape[0] * k)
+    m = x.shape[0]
+    budget_s = _budget(budget_s) / 2  # one GEMM and two or three epilogues: half a kernel race
+    copies = _pass_copies(x, weight, bias, len(ways), budget_s)
     with _copies(weight, copies) as weights:
         if kernel.copies_weight:
             _pack_all(kernel, weights, m)
@@ -537,14 +552,15 @@ def choose_int8(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 def measure_int8(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, f32: str,
-                 budget_s: float = CAL_BUDGET_S) -> dict[str, Any]:
+                 budget_s: float | None = None) -> dict[str, Any]:
     """Race the int8 kernels against the f32 kernel ``f32`` on (up to CAL_ROWS rows of) this input, each over
     cold copies of its own weight; ``{"kernel": the fastest, "gflops": {...}, "rows", "others"}``. int8 must
     beat f32 by MARGIN: it is not exact, so a tie goes to f32."""
     x = x2d[:CAL_ROWS]
     m, k = x.shape
     flops = 2.0 * m * weight.shape[0] * k
-    copies = _cold_copies(weight, flops)
+    budget_s = _budget(budget_s)
+    copies = _pass_copies(x, weight, bias, len(INT8_KERNELS) + 1, budget_s)
     with _copies(weight, copies) as weights:
         runs: dict[str, Any] = {}
         for name, engine in INT8_KERNELS.items():

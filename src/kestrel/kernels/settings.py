@@ -3,23 +3,24 @@
 Each setting is read at call time (tests and users may change the environment between calls) and a
 value Kestrel cannot use is a :class:`SettingError` naming the variable, the value and what it takes.
 
-=============================  ================================================================
-``KESTREL_LINEAR``             force one GEMM kernel (``torch``, ``onednn``, ``onednn-packed``, ``mkl-packed``,
-                               ``auto``)
-``KESTREL_ONEDNN=0``           the older spelling of ``KESTREL_LINEAR=torch``
-``KESTREL_CALIBRATE=0``        measure no new shape (unseen shapes take torch's default)
-``KESTREL_WEIGHT_COPIES=1``    kernels may keep a re-laid-out second copy of any weight
-``KESTREL_ATTENTION_BUDGET``   bytes of attention scores per slice (else measured per shape)
-``KESTREL_MALLOC=system``      leave glibc's allocator thresholds as they are
-``KESTREL_COMPILED=always``    compiled entries skip the race against eager
-``KESTREL_ONNXRUNTIME``        ``0``: entries never run on onnxruntime (the table's choices ignored, no race);
-                               ``always``: a race keeps onnxruntime whenever it is accurate, faster or not
-``KESTREL_CACHE_DIR``          Kestrel's cache folder (else ``$XDG_CACHE_HOME/kestrel``, ``~/.cache/kestrel``)
-``KESTREL_MAX_PIXELS``         the pixel limit of a decoded image and of every resize target
-``KESTREL_HUB_TIMEOUT``        seconds for the one try to reach the Hub (default 5)
-``KESTREL_DEBUG=1``            the command line shows tracebacks
-``KESTREL_ORT_DIR``            onnxruntime-web's ``dist`` folder for ``kestrel serve``
-=============================  ================================================================
+================================  ================================================================
+``KESTREL_LINEAR``                force one GEMM kernel (``torch``, ``onednn``, ``onednn-packed``, ``mkl-packed``,
+                                  ``auto``)
+``KESTREL_ONEDNN=0``              the older spelling of ``KESTREL_LINEAR=torch``
+``KESTREL_CALIBRATE=0``           measure no new shape (unseen shapes take torch's default)
+``KESTREL_CALIBRATION_BUDGET``    seconds one shape's kernel race may take (default 0.4; ``0``: its fewest rounds)
+``KESTREL_WEIGHT_COPIES=1``       kernels may keep a re-laid-out second copy of any weight
+``KESTREL_ATTENTION_BUDGET``      bytes of attention scores per slice (else measured per shape)
+``KESTREL_MALLOC=system``         leave glibc's allocator thresholds as they are
+``KESTREL_COMPILED=always``       compiled entries skip the race against eager
+``KESTREL_ONNXRUNTIME``           ``0``: entries never run on onnxruntime (the table's choices ignored, no race);
+                                  ``always``: a race keeps onnxruntime whenever it is accurate, faster or not
+``KESTREL_CACHE_DIR``             Kestrel's cache folder (else ``$XDG_CACHE_HOME/kestrel``, ``~/.cache/kestrel``)
+``KESTREL_MAX_PIXELS``            the pixel limit of a decoded image and of every resize target
+``KESTREL_HUB_TIMEOUT``           seconds for the one try to reach the Hub (default 5)
+``KESTREL_DEBUG=1``               the command line shows tracebacks
+``KESTREL_ORT_DIR``               onnxruntime-web's ``dist`` folder for ``kestrel serve``
+================================  ================================================================
 """
 
 from __future__ import annotations
@@ -55,6 +56,26 @@ def weight_copies() -> bool:
 def calibrate() -> bool:
     """Whether new shapes are measured (``KESTREL_CALIBRATE=0`` turns it off)."""
     return os.environ.get("KESTREL_CALIBRATE", "1") != "0"
+
+
+DEFAULT_CALIBRATION_BUDGET_S = 0.4
+
+
+def calibration_budget() -> float:
+    """Seconds one shape's kernel race may take (``KESTREL_CALIBRATION_BUDGET``, default 0.4). A race always
+    runs its fewest rounds, so ``0`` makes a first call on new shapes as cheap as a fair race can be (the test
+    suite runs so); a close race may take up to three budgets."""
+    value = _raw("KESTREL_CALIBRATION_BUDGET")
+    if not value:
+        return DEFAULT_CALIBRATION_BUDGET_S
+    try:
+        budget = float(value)
+    except ValueError:
+        budget = -1.0
+    if not 0.0 <= budget < float("inf"):
+        raise SettingError(f"KESTREL_CALIBRATION_BUDGET={value!r}: expected seconds per shape, 0 or more "
+                           f"(e.g. 0.4, the default), or unset")
+    return budget
 
 
 def attention_budget() -> int | None:
