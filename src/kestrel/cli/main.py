@@ -123,6 +123,26 @@ def _one_line_warnings(prog: str) -> Iterator[None]:
         warnings.showwarning = shown_before
 
 
+@contextmanager
+def _measuring_note(prog: str, args: argparse.Namespace) -> Iterator[None]:
+    """A first run on a new CPU, model or batch size measures the kernels for each new shape (seconds apiece,
+    once): a line on stderr says so before the first, and one how many when the command ends, rather than a
+    silent wait. Not for ``kestrel doctor``, which prints every measurement, nor under ``--quiet``."""
+    if args.command == "doctor" or getattr(args, "quiet", False):
+        yield
+        return
+    from ..kernels import calibration
+
+    def first() -> None:
+        print(f"{prog}: measuring this CPU's kernels for shapes it has not run before (once; kept in "
+              f"{calibration.cache_dir()}; KESTREL_CALIBRATE=0 skips) ...", file=sys.stderr, flush=True)
+
+    with calibration.watching(first) as watch:
+        yield
+    if watch.shapes:
+        print(f"{prog}: measured {watch.shapes} new shape(s); later runs reuse the choices", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``) and return the exit status."""
     _printable_streams()
@@ -143,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     prog = f"kestrel {args.command}"
     try:
-        with _one_line_warnings(prog):
+        with _one_line_warnings(prog), _measuring_note(prog, args):
             return int(args.run(args) or 0)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

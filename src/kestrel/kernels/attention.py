@@ -94,6 +94,7 @@ def _sdpa_choice(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
     if count * q.element_size() > SDPA_GEMM_MAX_BYTES or count < MIN_CALIBRATED_SCORES // 16:
         calibration.DECIDED[key] = "fused"  # too large to hold, or too small to be worth timing: not recorded
         return "fused"
+    calibration.measuring()
     ref = F.scaled_dot_product_attention(q, k, v, scale=scale).float()
     err = float((_two_gemms(q, k, v, scale).float() - ref).abs().max()) / (float(ref.abs().max()) or 1.0)
     runs = {"fused": lambda: F.scaled_dot_product_attention(q, k, v, scale=scale),
@@ -156,6 +157,7 @@ def _calibrated_budget(q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, rh:
     hit = table.shapes.get(key)
     if hit is not None:
         return int(hit["kernel"])
+    calibration.measuring()
     best = dict.fromkeys(SLICE_CANDIDATES, float("inf"))
 
     def rounds() -> None:

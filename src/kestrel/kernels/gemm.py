@@ -136,6 +136,7 @@ def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     ``"disturbed": True`` where that share exceeded ``contention.DISTURBED``: such a choice serves this
     process, and the next one measures the shape again.
     """
+    calibration.measuring()
     names = list(kernels or kernels_for(x2d.dtype))
     x = x2d[:CAL_ROWS]
     m, k = x.shape
@@ -390,6 +391,7 @@ def measure_gelu(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     ``{"way": the chosen, "ms": {way: best milliseconds}, "rows": timed rows, "others": the share of the machine
     other processes took meanwhile}`` (``"disturbed"`` as in :func:`measure`): another way replaces the default
     (the first) only where it wins by MARGIN."""
+    calibration.measuring()
     kernel = KERNELS[name]
     ways = _gelu_ways(name)
     x = x2d[:CAL_ROWS]
@@ -556,6 +558,7 @@ def measure_int8(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     """Race the int8 kernels against the f32 kernel ``f32`` on (up to CAL_ROWS rows of) this input, each over
     cold copies of its own weight; ``{"kernel": the fastest, "gflops": {...}, "rows", "others"}``. int8 must
     beat f32 by MARGIN: it is not exact, so a tie goes to f32."""
+    calibration.measuring()
     x = x2d[:CAL_ROWS]
     m, k = x.shape
     flops = 2.0 * m * weight.shape[0] * k
