@@ -122,8 +122,8 @@ def test_a_first_run_says_it_measures_the_kernels_and_a_second_is_silent(tmp_pat
                                                                         own_calibration):
     """Shapes large enough to time (here 65 rows x 256 -> 512) are measured on first use: seconds apiece on real
     models, so the command says so on stderr, and how many it measured; the next run reuses them and says nothing."""
-    cfg = ViTConfig(hidden_size=256, num_hidden_layers=1, num_attention_heads=2, intermediate_size=512,
-                    image_size=64, patch_size=8, num_labels=5, id2label=LABELS, label2id={v: k for k, v in LABELS.items()})
+    cfg = ViTConfig(hidden_size=256, num_hidden_layers=1, num_attention_heads=2, intermediate_size=512, image_size=64,
+                    patch_size=8, num_labels=5, id2label=LABELS, label2id={v: k for k, v in LABELS.items()})
     d = tmp_path / "vit-wide"
     seeded(lambda: ViTForImageClassification(cfg)).save_pretrained(d)
     assert main(["classify", str(images[0]), "--model", str(d)]) == 0

@@ -190,7 +190,8 @@ def test_measure_streams_cold_copies_of_a_small_weight_and_drops_them(monkeypatc
 
 
 def test_a_pass_shrinks_to_fit_the_calibration_budget(monkeypatch):
-    """KESTREL_CALIBRATION_BUDGET=0 (the test suite's) races every candidate on one copy, its fewest rounds."""
+    """KESTREL_CALIBRATION_BUDGET=0 (the test suite's) races every candidate on one copy, its fewest rounds; a
+    budget under the default shrinks the pass in proportion, the default keeps every cold copy."""
     x, w, b = _data(m=8, k=64, n=64)
     seen: list[int] = []
 
@@ -204,6 +205,9 @@ def test_a_pass_shrinks_to_fit_the_calibration_budget(monkeypatch):
     res = kernels.measure(x, w, b, kernels=["torch", "spy"])
     assert set(seen) == {w.data_ptr()} and len(seen) == 1 + kernels.CAL_ROUNDS[0]
     assert set(res["gflops"]) == {"torch", "spy"}
+    assert kernels._pass_copies(w, 1.0, settings.DEFAULT_CALIBRATION_BUDGET_S) == 64
+    assert kernels._pass_copies(w, 1.0, settings.DEFAULT_CALIBRATION_BUDGET_S / 4) == 16
+    assert kernels._pass_copies(w, 1.0, 10.0) == 64
     for bad in ("-1", "soon", "inf"):
         monkeypatch.setenv("KESTREL_CALIBRATION_BUDGET", bad)
         with pytest.raises(settings.SettingError, match="KESTREL_CALIBRATION_BUDGET"):
