@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -258,18 +257,16 @@ def note(key: str) -> None:
 
 class Watch:
     """How many new shapes (GEMMs, GELU placements, int8 choices, attention problems) this process measured
-    while the watch was open, and how long since the first: a first call on a new CPU, model or batch size
-    spends a few seconds per shape measuring (SAM ViT-B's first ``kestrel segment`` here: 33 s, 11 s after),
-    which the command line says rather than sit silent. ``on_first()`` runs before the first measurement."""
+    while the watch was open: a first call on a new CPU, model or batch size spends a few seconds per shape
+    measuring (SAM ViT-B's first ``kestrel segment`` on a 2-core AMD EPYC: 33 s, 11 s after), which the command
+    line says rather than sit silent. ``on_first()`` runs before the first measurement."""
 
     def __init__(self, on_first: Callable[[], None]) -> None:
         self.on_first = on_first
         self.shapes = 0
-        self.started: float | None = None
 
     def measuring(self) -> None:
         if self.shapes == 0:
-            self.started = time.perf_counter()
             self.on_first()
         self.shapes += 1
 

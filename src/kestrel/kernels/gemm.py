@@ -391,13 +391,13 @@ def measure_gelu(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     ways = _gelu_ways(name)
     x = x2d[:CAL_ROWS]
     m = x.shape[0]
-    budget_s = _budget(budget_s) / 2  # one GEMM and two or three epilogues: half a kernel race
-    copies = _pass_copies(weight, 2.0 * m * weight.shape[0] * x.shape[1], 2 * budget_s)
+    budget_s = _budget(budget_s)
+    copies = _pass_copies(weight, 2.0 * m * weight.shape[0] * x.shape[1], budget_s)
     with _copies(weight, copies) as weights:
         if kernel.copies_weight:
             _pack_all(kernel, weights, m)
         runs = {way: functools.partial(_run_on, _gelu_run(kernel, way), x, weights, bias) for way in ways}
-        best, others = _race(runs, copies, budget_s)
+        best, others = _race(runs, copies, budget_s / 2)  # one GEMM, two or three epilogues: half a kernel race
         for w in weights:
             WEIGHTS.pop("packed", (w,))
     fastest = min(best, key=best.__getitem__)

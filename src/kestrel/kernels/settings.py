@@ -62,9 +62,9 @@ DEFAULT_CALIBRATION_BUDGET_S = 0.4
 
 
 def calibration_budget() -> float:
-    """Seconds one shape's kernel race may take (``KESTREL_CALIBRATION_BUDGET``, default 0.4). A race always
-    runs its fewest rounds, so ``0`` makes a first call on new shapes as cheap as a fair race can be (the test
-    suite runs so); a close race may take up to three budgets."""
+    """Seconds one shape's kernel race may take (``KESTREL_CALIBRATION_BUDGET``, default 0.4; a close race up to
+    three budgets). A race always runs its fewest rounds; a budget under the default also times fewer weight
+    copies per pass, so ``0`` (the test suite's) is the cheapest race: every candidate, one copy, three rounds."""
     value = _raw("KESTREL_CALIBRATION_BUDGET")
     if not value:
         return DEFAULT_CALIBRATION_BUDGET_S
