@@ -169,7 +169,9 @@ def test_measure_times_every_candidate_and_rejects_a_wrong_one(monkeypatch):
     assert res["in_place"] == kernels._pick(in_place) and not kernels.KERNELS[res["in_place"]].copies_weight
 
 
-def test_measure_streams_cold_copies_of_a_small_weight_and_drops_them(monkeypatch):
+def _spied_weight(monkeypatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """A small GEMM's data, a kernel ``spy`` that lists the address of every weight it reads, and a cold-copy
+    limit of 64 copies of that weight."""
     x, w, b = _data(m=8, k=64, n=64)
     seen: list[int] = []
 
@@ -179,6 +181,11 @@ def test_measure_streams_cold_copies_of_a_small_weight_and_drops_them(monkeypatc
 
     monkeypatch.setitem(kernels.KERNELS, "spy", kernels.Kernel("spy", "test", spy))
     monkeypatch.setattr(kernels, "COLD_BYTES", 64 * w.numel() * w.element_size())
+    return x, w, b, seen
+
+
+def test_measure_streams_cold_copies_of_a_small_weight_and_drops_them(monkeypatch):
+    x, w, b, seen = _spied_weight(monkeypatch)
     monkeypatch.setattr(kernels, "CAL_ROUNDS", (3, 3))  # a budget that holds 64 copies, and just the fewest rounds
     kernels.measure(x, w, b, kernels=["torch", "spy"], budget_s=60.0)
     # the check call reads the weight itself; every timed pass reads it and its 63 copies once each
@@ -192,15 +199,7 @@ def test_measure_streams_cold_copies_of_a_small_weight_and_drops_them(monkeypatc
 def test_a_pass_shrinks_to_fit_the_calibration_budget(monkeypatch):
     """KESTREL_CALIBRATION_BUDGET=0 (the test suite's) races every candidate on one copy, its fewest rounds; a
     budget under the default shrinks the pass in proportion, the default keeps every cold copy."""
-    x, w, b = _data(m=8, k=64, n=64)
-    seen: list[int] = []
-
-    def spy(x, w, b):
-        seen.append(w.data_ptr())
-        return F.linear(x, w, b)
-
-    monkeypatch.setitem(kernels.KERNELS, "spy", kernels.Kernel("spy", "test", spy))
-    monkeypatch.setattr(kernels, "COLD_BYTES", 64 * w.numel() * w.element_size())
+    x, w, b, seen = _spied_weight(monkeypatch)
     monkeypatch.setenv("KESTREL_CALIBRATION_BUDGET", "0")
     res = kernels.measure(x, w, b, kernels=["torch", "spy"])
     assert set(seen) == {w.data_ptr()} and len(seen) == 1 + kernels.CAL_ROUNDS[0]
