@@ -136,6 +136,7 @@ def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     ``"disturbed": True`` where that share exceeded ``contention.DISTURBED``: such a choice serves this
     process, and the next one measures the shape again.
     """
+    budget_s = _budget(budget_s)  # a bad setting is refused before anything is said or timed
     calibration.measuring()
     names = list(kernels or kernels_for(x2d.dtype))
     x = x2d[:CAL_ROWS]
@@ -158,7 +159,6 @@ def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             rejected[name] = f"differs from F.linear by {err:.1e}"
             continue
         live.append(name)
-    budget_s = _budget(budget_s)
     copies = _pass_copies(weight, flops, budget_s) if live else 1
     with _copies(weight, copies) as weights:
         runs = {name: functools.partial(_run_on, KERNELS[name].run, x, weights, bias) for name in live}
@@ -386,12 +386,12 @@ def measure_gelu(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     ``{"way": the chosen, "ms": {way: best milliseconds}, "rows": timed rows, "others": the share of the machine
     other processes took meanwhile}`` (``"disturbed"`` as in :func:`measure`): another way replaces the default
     (the first) only where it wins by MARGIN."""
+    budget_s = _budget(budget_s)
     calibration.measuring()
     kernel = KERNELS[name]
     ways = _gelu_ways(name)
     x = x2d[:CAL_ROWS]
     m = x.shape[0]
-    budget_s = _budget(budget_s)
     copies = _pass_copies(weight, 2.0 * m * weight.shape[0] * x.shape[1], budget_s)
     with _copies(weight, copies) as weights:
         if kernel.copies_weight:
@@ -553,11 +553,11 @@ def measure_int8(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     """Race the int8 kernels against the f32 kernel ``f32`` on (up to CAL_ROWS rows of) this input, each over
     cold copies of its own weight; ``{"kernel": the fastest, "gflops": {...}, "rows", "others"}``. int8 must
     beat f32 by MARGIN: it is not exact, so a tie goes to f32."""
+    budget_s = _budget(budget_s)
     calibration.measuring()
     x = x2d[:CAL_ROWS]
     m, k = x.shape
     flops = 2.0 * m * weight.shape[0] * k
-    budget_s = _budget(budget_s)
     copies = _pass_copies(weight, flops, budget_s)
     with _copies(weight, copies) as weights:
         runs: dict[str, Any] = {}
