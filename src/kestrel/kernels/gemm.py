@@ -167,8 +167,6 @@ def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         prepare = {name: functools.partial(_pack_all, KERNELS[name], weights, m)
                    for name in live if KERNELS[name].copies_weight}
         best, others = _race(runs, len(weights), budget_s, prepare)
-        for w in weights:  # packed copies made for timing: the chosen kernel packs its own
-            WEIGHTS.pop("packed", (w,))
     gflops = {name: flops / t / 1e9 for name, t in best.items()}
     in_place = _pick({nm: r for nm, r in gflops.items() if not KERNELS[nm].copies_weight})
     out = {"kernel": _pick(gflops), "in_place": in_place, "gflops": {nm: round(v, 2) for nm, v in gflops.items()},
@@ -188,7 +186,8 @@ def _pass_copies(weight: torch.Tensor, flops: float, budget_s: float) -> int:
 
 @contextlib.contextmanager
 def _copies(weight: torch.Tensor, copies: int) -> Iterator[list[torch.Tensor]]:
-    """``weight`` and ``copies - 1`` copies of it, for the time of a measurement.
+    """``weight`` and ``copies - 1`` copies of it, for the time of a measurement; the packed layouts made of them
+    for timing are dropped with them (the chosen kernel packs its own).
 
     One allocation for all copies, mapped apart from the heap and handed back to the system when freed:
     from the heap they would stay resident, among the activations of the forward that is calibrating, and
@@ -200,6 +199,8 @@ def _copies(weight: torch.Tensor, copies: int) -> Iterator[list[torch.Tensor]]:
     try:
         yield weights
     finally:
+        for w in weights:
+            WEIGHTS.pop("packed", (w,))
         del weights
         allocator.note_burst()  # the entry running this forward hands the copies' pages back when it returns
 
@@ -398,8 +399,6 @@ def measure_gelu(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
             _pack_all(kernel, weights, m)
         runs = {way: functools.partial(_run_on, _gelu_run(kernel, way), x, weights, bias) for way in ways}
         best, others = _race(runs, copies, budget_s / 2)  # one GEMM, two or three epilogues: half a kernel race
-        for w in weights:
-            WEIGHTS.pop("packed", (w,))
     fastest = min(best, key=best.__getitem__)
     way = fastest if best[fastest] * (1 + MARGIN) < best[ways[0]] else ways[0]
     return note_load({"way": way, "ms": {label: round(t * 1e3, 3) for label, t in best.items()}, "rows": m},
@@ -567,8 +566,6 @@ def measure_int8(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         runs[f32] = functools.partial(_run_on, KERNELS[f32].run, x, weights, bias)  # what choose() gave it
         prepare = {f32: functools.partial(_pack_all, KERNELS[f32], weights, m)} if KERNELS[f32].copies_weight else {}
         best, others = _race(runs, copies, budget_s, prepare)
-        for w in weights:
-            WEIGHTS.pop("packed", (w,))
         del runs
     gflops = {name: flops / t / 1e9 for name, t in best.items()}
     fastest = max(INT8_KERNELS, key=gflops.__getitem__)
