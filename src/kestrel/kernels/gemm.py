@@ -136,8 +136,7 @@ def measure(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     ``"disturbed": True`` where that share exceeded ``contention.DISTURBED``: such a choice serves this
     process, and the next one measures the shape again.
     """
-    budget_s = _budget(budget_s)  # a bad setting is refused before anything is said or timed
-    calibration.measuring()
+    budget_s = _start_race(budget_s)
     names = list(kernels or kernels_for(x2d.dtype))
     x = x2d[:CAL_ROWS]
     m, k = x.shape
@@ -244,9 +243,12 @@ def _race(runs: dict[str, Any], copies: int, budget_s: float,
     return best, others
 
 
-def _budget(budget_s: float | None) -> float:
-    """A race's budget: the caller's, else the setting's (``KESTREL_CALIBRATION_BUDGET``)."""
-    return settings.calibration_budget() if budget_s is None else budget_s
+def _start_race(budget_s: float | None) -> float:
+    """A race's budget (the caller's, else ``KESTREL_CALIBRATION_BUDGET``'s), read before the race is announced to
+    the open watches (``calibration.measuring``): a bad setting is refused before anything is said or timed."""
+    budget = settings.calibration_budget() if budget_s is None else budget_s
+    calibration.measuring()
+    return budget
 
 
 def _close(best: dict[str, float]) -> bool:
@@ -387,8 +389,7 @@ def measure_gelu(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     ``{"way": the chosen, "ms": {way: best milliseconds}, "rows": timed rows, "others": the share of the machine
     other processes took meanwhile}`` (``"disturbed"`` as in :func:`measure`): another way replaces the default
     (the first) only where it wins by MARGIN."""
-    budget_s = _budget(budget_s)
-    calibration.measuring()
+    budget_s = _start_race(budget_s)
     kernel = KERNELS[name]
     ways = _gelu_ways(name)
     x = x2d[:CAL_ROWS]
@@ -552,8 +553,7 @@ def measure_int8(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     """Race the int8 kernels against the f32 kernel ``f32`` on (up to CAL_ROWS rows of) this input, each over
     cold copies of its own weight; ``{"kernel": the fastest, "gflops": {...}, "rows", "others"}``. int8 must
     beat f32 by MARGIN: it is not exact, so a tie goes to f32."""
-    budget_s = _budget(budget_s)
-    calibration.measuring()
+    budget_s = _start_race(budget_s)
     x = x2d[:CAL_ROWS]
     m, k = x.shape
     flops = 2.0 * m * weight.shape[0] * k
