@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 
 import pytest
+
+
+def _session_setting(name: str, value: Callable[[], str]) -> Iterator[None]:
+    """``name`` set in the environment for the session (the CLI's processes inherit it), unless already set there;
+    ``value()`` gives it."""
+    if name in os.environ:
+        yield
+        return
+    os.environ[name] = value()
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
 
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_kestrel_cache(tmp_path_factory: pytest.TempPathFactory):
     """Calibrations and downloads measured by the tests go to a temporary folder, never the user's cache
     (and the user's cached choices never steer a test). A folder given in KESTREL_CACHE_DIR is kept."""
-    if "KESTREL_CACHE_DIR" in os.environ:
-        yield
-        return
-    os.environ["KESTREL_CACHE_DIR"] = str(tmp_path_factory.mktemp("kestrel-cache"))
-    try:
-        yield
-    finally:
-        os.environ.pop("KESTREL_CACHE_DIR", None)
+    yield from _session_setting("KESTREL_CACHE_DIR", lambda: str(tmp_path_factory.mktemp("kestrel-cache")))
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -27,14 +34,7 @@ def _quick_kernel_races():
     each candidate still runs and is checked against F.linear, and a model's first call chooses among them,
     without the 0.4-1.2 s per new shape a user's first call spends to rank them reliably (about half of the
     SAM 2.1 parity tests' time). A budget given in the environment is kept."""
-    if "KESTREL_CALIBRATION_BUDGET" in os.environ:
-        yield
-        return
-    os.environ["KESTREL_CALIBRATION_BUDGET"] = "0"
-    try:
-        yield
-    finally:
-        os.environ.pop("KESTREL_CALIBRATION_BUDGET", None)
+    yield from _session_setting("KESTREL_CALIBRATION_BUDGET", lambda: "0")
 
 
 @pytest.fixture
