@@ -845,3 +845,97 @@ def test_grid_fourier_is_computed_once_per_table_and_again_after_a_write():
     assert again is not first and not torch.equal(again, first)
     plain = table.detach().clone()
     assert ops.grid_fourier(plain, side) is not ops.grid_fourier(plain, side)  # not a parameter: not kept
+
+
+def _projections(g, d_in, width, dout, biases=(True, True, True, True)):
+    shapes = [(width, d_in), (width, d_in), (width, d_in), (dout, width)]
+    return [(torch.randn(*s, generator=g) * s[1] ** -0.5, torch.randn(s[0], generator=g) if b else None)
+            for s, b in zip(shapes, biases)]
+
+
+@pytest.mark.parametrize("nq,nk", [(7, 300), (300, 7)])  # few queries (SAM's tokens to the image) and few keys
+@pytest.mark.parametrize("biases", [(True, True, True, True), (False, True, False, False)])
+@pytest.mark.parametrize("key_bias", [False, True])
+def test_folded_attention_is_the_projected_attention(nq, nk, biases, key_bias):
+    from kestrel.kernels import folded_attention as folded
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(2, 3, nq, 64, generator=g), torch.randn(2, 3, nk, 64, generator=g), \
+        torch.randn(2, 3, nk, 64, generator=g)
+    projections = _projections(g, 64, 32, 48, biases)
+    bias = None
+    if key_bias:
+        bias = torch.zeros(2, 3, 1, nk)
+        bias[0, 1, 0, 2] = -1e9  # a padding key
+    want = folded.projected_reference(q.double(), k.double(), v.double(), 4,
+                                      [(w.double(), b if b is None else b.double()) for w, b in projections],
+                                      None if bias is None else bias.double())
+    with torch.no_grad():
+        got = folded.folded_attention(q, k, v, 4, projections, bias)
+        projected = folded.projected_reference(q, k, v, 4, projections, bias)
+    assert got.shape == (2, 3, nq, 48)
+    # as close to float64 as the projected path is (both ~4e-7 here)
+    assert rel_diff(got.double(), want) < max(3 * rel_diff(projected.double(), want), 2e-6)
+
+
+def test_projected_attention_measures_the_fold_once_and_keeps_the_numbers(monkeypatch):
+    from kestrel.kernels import folded_attention as folded
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(1, 7, 64, generator=g), torch.randn(1, 300, 64, generator=g), \
+        torch.randn(1, 300, 64, generator=g)
+    projections = _projections(g, 64, 64, 64)
+    projected, folded_work = folded.work(7, 300, 64, 64, 64, 64, 64, 64, 2)
+    assert folded_work <= folded.MAX_WORK * projected  # the case folding is for
+    want = folded.projected_reference(q, k, v, 2, projections, None)
+    races = []
+    real = folded._measure
+    monkeypatch.setattr(folded, "_measure", lambda *a: races.append(a[0]) or real(*a))
+    with torch.no_grad():
+        first = ops.projected_attention(q, k, v, 2, projections)
+        key = folded.folded_key(q, k, v, 2, projections, False)
+        entry = calibrate.table().shapes[key]
+        assert entry["kernel"] in ("folded", "projected") and set(entry["seconds"]) == {"folded", "projected"}
+        assert entry["error"] < folded.TOL
+        assert rel_diff(first, want) < 1e-5
+        calibrate.forget()  # a new process: the table on disk answers, nothing is timed again
+        ops.projected_attention(q, k, v, 2, projections)
+        for path in ("folded", "projected"):  # whichever a machine picks keeps the numbers
+            calibrate.DECIDED[key] = path
+            assert rel_diff(ops.projected_attention(q, k, v, 2, projections), want) < 1e-5
+    assert races == [key]
+    lines = calibrate.format_choices([(key, entry)])
+    assert any(key in line and entry["kernel"] in line for line in lines)
+
+
+def test_projected_attention_projects_where_folding_saves_nothing(monkeypatch):
+    from kestrel.kernels import folded_attention as folded
+
+    g = torch.Generator().manual_seed(2)
+    q, k, v = torch.randn(1, 40, 64, generator=g), torch.randn(1, 50, 64, generator=g), \
+        torch.randn(1, 50, 64, generator=g)
+    projections = _projections(g, 64, 32, 64)
+    monkeypatch.setattr(folded, "_measure", lambda *a: pytest.fail("raced a problem folding cannot help"))
+    with torch.no_grad():
+        got = ops.projected_attention(q, k, v, 4, projections)
+    assert rel_diff(got, folded.projected_reference(q, k, v, 4, projections, None)) < 1e-5
+    qg = q.clone().requires_grad_()  # autograd: the composition as written
+    ops.projected_attention(qg, k.repeat(1, 6, 1), v.repeat(1, 6, 1), 4, projections).sum().backward()
+    assert qg.grad is not None
+    assert not any(s.startswith("folded ") for s in calibrate.table().shapes)
+
+
+def test_projected_attention_with_calibration_off_projects_and_records_nothing(monkeypatch):
+    from kestrel.kernels import folded_attention as folded
+
+    monkeypatch.setenv("KESTREL_CALIBRATE", "0")
+    g = torch.Generator().manual_seed(3)
+    q, k, v = torch.randn(1, 7, 64, generator=g), torch.randn(1, 300, 64, generator=g), \
+        torch.randn(1, 300, 64, generator=g)
+    projections = _projections(g, 64, 64, 64)
+    folded_calls = []
+    monkeypatch.setattr(folded, "folded_attention", lambda *a: folded_calls.append(a))
+    with torch.no_grad():
+        got = ops.projected_attention(q, k, v, 2, projections)
+    assert folded_calls == [] and rel_diff(got, folded.projected_reference(q, k, v, 2, projections, None)) < 1e-5
+    assert not any(s.startswith("folded ") for s in calibrate.table().shapes)

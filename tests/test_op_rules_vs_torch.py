@@ -251,6 +251,26 @@ def _multihead(rnd):
     return ops.multihead_attention, (q, k, v, h), ({} if key_bias is None else {"key_bias": key_bias})
 
 
+def _projected(rnd):
+    h = rnd.randint(1, 3)
+    width = h * rnd.randint(1, 2) + (1 if rnd.random() < 0.1 else 0)
+    d = rnd.randint(1, 4)
+    nq, nk = rnd.choice([(rnd.randint(1, 3), 40), (40, rnd.randint(1, 3)), (rnd.randint(1, 3), rnd.randint(1, 3))])
+    q = f32(rnd, 2, nq, d)
+    k = f32(rnd, 2, nk, d if rnd.random() < 0.9 else d + 1)
+    v = f32(rnd, 2 if rnd.random() < 0.9 else 3, nk, d)
+    vwidth = h * rnd.randint(1, 2)
+    dout = rnd.randint(1, 3)
+
+    def proj(n_out, n_in):
+        w = f32(rnd, n_out, n_in if rnd.random() < 0.93 else n_in + 1)
+        return w, rnd.choice([None, f32(rnd, n_out), f32(rnd, n_out) if rnd.random() < 0.9 else f32(rnd, n_out + 1)])
+
+    projections = [proj(width, d), proj(width, d), proj(vwidth, d), proj(dout, vwidth)]
+    key_bias = rnd.choice([None, None, f32(rnd, 2, 1, nk), f32(rnd, 2, nq, nk)])
+    return ops.projected_attention, (q, k, v, h, projections), ({} if key_bias is None else {"key_bias": key_bias})
+
+
 def _decomposed(rnd):
     kh, kw = rnd.randint(1, 3), rnd.randint(1, 3)
     n, d = rnd.randint(1, 4), rnd.randint(1, 4)
@@ -457,6 +477,7 @@ TABLE: dict[str, Callable[[random.Random], tuple]] = {
     "max_pool2d": _max_pool, "layer_norm": _layer_norm, "layer_norm_chw": _layer_norm_chw, "rms_norm": _rms_norm,
     "l2_normalize": lambda rnd: (ops.l2_normalize, (t(rnd, *dims(rnd, 1, 3)),), {}), "softmax": _softmax,
     "attention": _attention, "multihead_attention": _multihead, "decomposed_attention": _decomposed,
+    "projected_attention": _projected,
     "reshape": _reshape, "view": _view, "permute": _permute, "transpose": _transpose, "flatten": _flatten,
     "unsqueeze": _unsqueeze, "squeeze": _squeeze, "expand": _expand, "cat": _cat, "stack": _stack,
     "split": _split, "pad": _pad, "repeat": _repeat,

@@ -303,6 +303,36 @@ def test_multihead_attention_rule_checks_the_key_bias():
         ops.multihead_attention(q, k, v, 4, rand(2, 5, 7))  # eager: a reshape would have taken it silently
 
 
+@pytest.mark.parametrize("nq,nk", [(300, 7), (7, 300), (5, 5)])  # folded on either side, or projected
+def test_projected_attention_is_its_composition(nq, nk):
+    q, k, v = rand(2, 1, nq, 24), rand(2, 1, nk, 20), rand(2, 1, nk, 12)
+    projections = [(rand(32, 24) / 5, rand(32)), (rand(32, 20) / 5, None), (rand(16, 12) / 4, rand(16)),
+                   (rand(40, 16) / 4, rand(40))]
+    (wq, bq), (wk, bk), (wv, bv), (wo, bo) = projections
+    want = F.linear(_heads_attention(F.linear(q, wq, bq), F.linear(k, wk, bk), F.linear(v, wv, bv), 4), wo, bo)
+    with torch.inference_mode():
+        out = both(ops.projected_attention, q, k, v, 4, projections)
+    assert out.shape == (2, 1, nq, 40)
+    close(out, want, 1e-5)
+
+
+def test_projected_attention_rule_names_the_projection_that_does_not_fit():
+    q, k, v = rand(2, 5, 24), rand(2, 7, 20), rand(2, 7, 12)
+    good = [(rand(32, 24), rand(32)), (rand(32, 20), None), (rand(16, 12), rand(16)), (rand(40, 16), rand(40))]
+    assert rule(ops.projected_attention, q, k, v, 4, good) == ((2, 5, 40), torch.float32)
+    key_error = r"key projection: linear: the contraction dimension differs: 20 vs 24 \(Tensor\[2, 7, 20; f32\]"
+    with pytest.raises(ShapeError, match=key_error):
+        rule(ops.projected_attention, q, k, v, 4, [good[0], (rand(32, 24), None), *good[2:]])
+    with pytest.raises(ShapeError, match=r"output projection: linear: the contraction dimension differs: 16 vs 32"):
+        rule(ops.projected_attention, q, k, v, 4, [*good[:3], (rand(40, 32), None)])
+    with pytest.raises(ShapeError, match="cannot prove 3 heads divide the width 32"):
+        rule(ops.projected_attention, q, k, v, 3, good)
+    with pytest.raises(ShapeError, match="four"):
+        rule(ops.projected_attention, q, k, v, 4, good[:3])
+    with torch.inference_mode(), pytest.raises(ValueError, match=r"key bias has shape \(2, 5, 7\)"):
+        ops.projected_attention(q, k, v, 4, good, rand(2, 5, 7))
+
+
 def test_multihead_attention_rule_needs_the_heads_to_divide_the_widths():
     with pytest.raises(ShapeError, match="cannot prove 3 heads divide the width 32"):
         rule(ops.multihead_attention, rand(2, 5, 32), rand(2, 7, 32), rand(2, 7, 16), 3)

@@ -301,8 +301,10 @@ def calibrate_model(call: Callable[[], Any]) -> list[tuple[str, dict[str, Any]]]
         call()
     t = table()
     unmeasured = {"kernel": settings.linear_kernel() or library.DEFAULT, "gflops": {}}
-    defaults = {"int8 ": {"kernel": "int8", "gflops": {}}, "sdpa ": {"kernel": "fused"}}
-    return [(s, t.shapes.get(s, defaults.get(s[:5], unmeasured))) for s in recorder.seen]
+    defaults = {"int8 ": {"kernel": "int8", "gflops": {}}, "sdpa ": {"kernel": "fused"},
+                "folded ": {"kernel": "projected"}}
+    return [(s, t.shapes.get(s, next((d for p, d in defaults.items() if s.startswith(p)), unmeasured)))
+            for s in recorder.seen]
 
 
 def format_seconds(entry: dict[str, Any]) -> str:
@@ -316,9 +318,10 @@ def format_choices(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
     head = f"  {'GEMM M x N x K':<22} {'chosen':<13} " + " ".join(f"{n:>13}" for n in names) + "  (GFLOP/s)"
     out = [head]
     for s, r in rows:
-        if s.startswith("sdpa "):  # plain attention: fused kernel or two GEMMs, seconds per candidate
-            times = format_seconds(r)
-            out.append(f"  {s:<34} {r.get('kernel', 'fused')}" + (f"  ({times})" if times else ""))
+        if s.startswith(("sdpa ", "folded ")):  # plain attention: fused kernel or two GEMMs; attention with its
+            times = format_seconds(r)  # projections: projected or folded (seconds per candidate)
+            default = "fused" if s.startswith("sdpa ") else "projected"
+            out.append(f"  {s:<34} {r.get('kernel', default)}" + (f"  ({times})" if times else ""))
             continue
         if s.startswith("attention "):  # a slice budget: seconds per candidate
             times = format_seconds(r)

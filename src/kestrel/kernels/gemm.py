@@ -40,7 +40,7 @@ from .settings import SettingError
 from .weights import WEIGHTS
 
 __all__ = ["DEFAULT", "GELU_WAYS", "KERNELS", "Kernel", "choose", "choose_int8", "conv_transpose2x2", "eager_ok",
-           "forced", "fused_linear", "int8_available", "linear", "linear_gelu", "mark_int8", "measure",
+           "forced", "fused_linear", "int8_available", "int8_marked", "linear", "linear_gelu", "mark_int8", "measure",
            "measure_gelu", "measure_int8", "packs_in_place", "plain_inference"]
 # shapes under this many FLOPs are not worth timing: they run torch's default
 MIN_CALIBRATED_FLOPS = 2e6
@@ -478,6 +478,11 @@ def mark_int8(weight: torch.Tensor) -> None:
 def _marked_int8(weight: torch.Tensor) -> bool:
     """Whether int8 was asked for this weight (one flag test on the common path, where nothing was marked)."""
     return _INT8_MARKED[0] and getattr(weight, _INT8_FLAG, False)
+
+
+def int8_marked(weight: torch.Tensor) -> bool:
+    """Whether int8 was asked for this weight (:func:`mark_int8`)."""
+    return bool(_marked_int8(weight))
 
 
 def int8_available() -> bool:

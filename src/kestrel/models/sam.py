@@ -182,7 +182,7 @@ class MaskAttention(sam_parts.MaskAttentionHeads):
     def forward(
         self, query: "Tensor[B, Pts, Q, Hd; T]", key: "Tensor[B, Pts, K, Hd; T]", value: "Tensor[B, Pts, K, Hd; T]"
     ) -> "Tensor[B, Pts, Q, Hd; T]":
-        return self.out_proj(self._attend(query, key, value))
+        return self._attend(query, key, value, self.out_proj)
 
 
 class TwoWayAttentionBlock(sam_parts.TwoWaySizes):

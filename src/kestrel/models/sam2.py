@@ -305,14 +305,14 @@ class MaskAttention(sam_parts.MaskAttentionHeads):
     def forward(
         self, query: "Tensor[B, Pts, Q, Hd; T]", key: "Tensor[B, Pts, K, Hd; T]", value: "Tensor[B, Pts, K, Hd; T]"
     ) -> "Tensor[B, Pts, Q, Hd; T]":
-        return self.o_proj(self._attend(query, key, value))
+        return self._attend(query, key, value, self.o_proj)
 
     def masked(
         self, query: "Tensor[B, Pts, Q, Hd; T]", key: "Tensor[B, Pts, K, Hd; T]", value: "Tensor[B, Pts, K, Hd; T]",
         key_bias: "Tensor[B, Pts, 1, 1, K; T]",
     ) -> "Tensor[B, Pts, Q, Hd; T]":
         B, Pts, K, _ = key.shape
-        return self.o_proj(self._attend(query, key, value, key_bias.reshape(B, Pts, 1, K)))
+        return self._attend(query, key, value, self.o_proj, key_bias.reshape(B, Pts, 1, K))
 
 
 class TwoWayAttentionBlock(sam_parts.TwoWaySizes):

@@ -37,11 +37,12 @@ class MaskAttentionHeads(Block, abstract=True):
     k_proj: Linear["Hd, Internal, T"]
     v_proj: Linear["Hd, Internal, T"]
 
-    def _attend(self, query, key, value, key_bias=None):
-        """The heads' attention over the projected inputs, joined back to ``Internal`` channels; ``key_bias``
-        (``[..., 1, K]``) is added to each key's scores."""
-        return ops.multihead_attention(self.q_proj(query), self.k_proj(key), self.v_proj(value), self.Heads,
-                                       key_bias)
+    def _attend(self, query, key, value, out_proj, key_bias=None):
+        """The heads' attention over the projected inputs, joined back to ``Internal`` channels and projected by
+        ``out_proj``; ``key_bias`` (``[..., 1, K]``) is added to each key's scores. One op: with few prompt tokens
+        on one side, eager inference folds the projections into that side (``ops.projected_attention``)."""
+        projections = [(p.weight, p.bias) for p in (self.q_proj, self.k_proj, self.v_proj, out_proj)]
+        return ops.projected_attention(query, key, value, self.Heads, projections, key_bias)
 
 
 class LayerNormCHW(Block):

@@ -25,7 +25,7 @@ from ...checker.rules import (
     scalar_fits,
 )
 from . import methods as _methods  # noqa: F401  (registers the tensor methods)
-from .attention import FEW_KEY_COLUMNS, attention, multihead_attention, qkv_dims
+from .attention import FEW_KEY_COLUMNS, attention, multihead_attention, projected_attention, qkv_dims
 from .conv import conv1d, conv2d, conv_transpose2x2, depthwise_conv2d, interpolate, max_pool2d
 from .elementwise import (
     abs_,
@@ -81,7 +81,8 @@ __all__ = [
     "gelu_", "getitem", "grid_fourier", "gt", "interpolate", "kept", "kind_of", "l2_normalize", "last_dim",
     "layer_norm",
     "layer_norm_chw", "like", "linear", "linear_gelu", "matmul", "max_pool2d", "mean", "mul", "multihead_attention",
-    "nonneg", "numeric_dtype", "pad", "permute", "positive", "qkv_dims", "relative_positions", "relu", "repeat",
+    "nonneg", "numeric_dtype", "pad", "permute", "positive", "projected_attention",
+    "qkv_dims", "relative_positions", "relu", "repeat",
     "reshape", "rms_norm", "same", "same_dtype", "scalar_fits", "sigmoid", "silu", "sin", "softmax", "split", "squeeze",
     "stack", "sub", "sum_", "take_along", "tanh", "transpose", "unsqueeze", "view", "where",
 ]

@@ -1,7 +1,9 @@
-"""Attention: scaled dot-product attention and multi-head attention on unsplit projections."""
+"""Attention: scaled dot-product attention, multi-head attention on unsplit projections, and multi-head attention
+with its four projections (which eager inference may fold into the side with fewer tokens)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -17,8 +19,10 @@ from ...checker.rules import (
     show_dims,
 )
 from ...checker.symbolic import ShapeError, SymTensor, as_poly, current, fmt, op, require_positive
+from ...kernels import folded_attention as folded
 from ...shapes.poly import ONE, Poly
 from ...types.dtypes import bool_
+from .linalg import _linear_rule
 
 
 @op("attention")
@@ -114,9 +118,7 @@ def multihead_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads
     """
     *lead, nq, _ = q.shape
     nk, ev = k.shape[-2], v.shape[-1]
-    if key_bias is not None and tuple(key_bias.shape) != (*lead, 1, nk):  # reshaped below: it would not fail
-        raise ValueError(f"multihead_attention: the key bias has shape {tuple(key_bias.shape)}, expected "
-                         f"{(*lead, 1, nk)} (the queries' batch axes, 1, the number of keys)")
+    _check_key_bias("multihead_attention", q, k, key_bias)
     extra = () if key_bias is None else (key_bias,)
     if kernels.plain_inference(q, k, v, *extra) and heads * nk <= FEW_KEY_COLUMNS and q.dtype.is_floating_point:
         return _few_keys_attention(q, k, v, heads, key_bias)
@@ -131,6 +133,14 @@ def multihead_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads
         mask = key_bias.reshape(-1, 1, 1, nk)  # the same for every head and query
         y = F.scaled_dot_product_attention(split(q), split(k), split(v), attn_mask=mask)
     return y.transpose(1, 2).reshape(*lead, nq, ev)
+
+
+def _check_key_bias(name: str, q: torch.Tensor, k: torch.Tensor, key_bias: torch.Tensor | None) -> None:
+    """A key bias must be ``[..., 1, Nk]`` with the queries' batch axes: eager paths reshape it, and would not fail."""
+    want = (*q.shape[:-2], 1, k.shape[-2])
+    if key_bias is not None and tuple(key_bias.shape) != want:
+        raise ValueError(f"{name}: the key bias has shape {tuple(key_bias.shape)}, expected {want} (the queries' "
+                         "batch axes, 1, the number of keys)")
 
 
 def _few_keys_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
@@ -157,7 +167,8 @@ def _few_keys_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads
 
 
 @multihead_attention.rule
-def _(q: SymTensor, k: SymTensor, v: SymTensor, heads: Any, key_bias: SymTensor | None = None) -> SymTensor:
+def _multihead_attention_rule(q: SymTensor, k: SymTensor, v: SymTensor, heads: Any,
+                              key_bias: SymTensor | None = None) -> SymTensor:
     dq, dk, dv = qkv_dims("multihead_attention", q, k, v)
     if key_bias is not None:  # [..., 1, Nk]: q's batch axes exactly, one row, one number per key
         db = key_bias.fixed_dims("multihead_attention's key bias")
@@ -177,3 +188,61 @@ def _(q: SymTensor, k: SymTensor, v: SymTensor, heads: Any, key_bias: SymTensor 
     same_dtype(k, v, "multihead_attention")
     float_dtype(q, "multihead_attention")
     return like(q, [*dq[:-1], dv[-1]])
+
+
+# a projection's weight [Out, In] and bias [Out] (or None)
+Projection = Sequence[Any]
+
+
+@op("projected_attention")
+def projected_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, heads: int,
+                        projections: Sequence[Projection], key_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Multi-head attention with its projections: ``projections`` is ``[(w_q, b_q), (w_k, b_k), (w_v, b_v),
+    (w_o, b_o)]``, and the result is ``linear(multihead_attention(linear(query, w_q, b_q), linear(key, w_k, b_k),
+    linear(value, w_v, b_v), heads, key_bias), w_o, b_o)``.
+
+    Where one side has few tokens (SAM's decoder: 7 prompt tokens against 4096 image tokens), eager f32 inference
+    may instead fold the projections into that side, so that no GEMM projects every token of the long side
+    (:mod:`kestrel.kernels.folded_attention`: the same numbers to rounding, measured per problem against the
+    projected path, the faster kept). Graphs and everything else run the composition as written.
+    """
+    if len(projections) != 4:
+        raise ValueError(f"projected_attention: expected 4 projections (query, key, value, output), got "
+                         f"{len(projections)}")
+    pairs = [(w, b) for w, b in projections]
+    _check_key_bias("projected_attention", query, key, key_bias)
+
+    def projected() -> torch.Tensor:
+        (wq, bq), (wk, bk), (wv, bv), (wo, bo) = pairs
+        y = multihead_attention(kernels.linear(query, wq, bq), kernels.linear(key, wk, bk),
+                                kernels.linear(value, wv, bv), heads, key_bias)
+        return kernels.linear(y, wo, bo)
+
+    if not folded.applies(query, key, value, heads, pairs, key_bias):
+        return projected()
+    name = folded.folded_key(query, key, value, heads, pairs, key_bias is not None)
+    choice = folded.choose(name, lambda: folded.folded_attention(query, key, value, heads, pairs, key_bias),
+                           projected, lambda: folded.projected_reference(query, key, value, heads, pairs, key_bias))
+    if choice == "folded":
+        return folded.folded_attention(query, key, value, heads, pairs, key_bias)
+    return projected()
+
+
+@projected_attention.rule
+def _(query: SymTensor, key: SymTensor, value: SymTensor, heads: Any, projections: Sequence[Any],
+      key_bias: SymTensor | None = None) -> SymTensor:
+    if len(projections) != 4 or not all(len(p) == 2 for p in projections):
+        raise ShapeError("projected_attention: expected four (weight, bias) projections: query, key, value, output")
+    (wq, bq), (wk, bk), (wv, bv), (wo, bo) = projections
+    q = _projection_rule("query", query, wq, bq)
+    k, v = _projection_rule("key", key, wk, bk), _projection_rule("value", value, wv, bv)
+    attended = _multihead_attention_rule(q, k, v, heads, key_bias)
+    return _projection_rule("output", attended, wo, bo)
+
+
+def _projection_rule(which: str, x: SymTensor, weight: SymTensor, bias: SymTensor | None) -> SymTensor:
+    """``linear``'s rule for one of projected_attention's projections, its error saying which."""
+    try:
+        return _linear_rule(x, weight, bias)
+    except ShapeError as e:
+        raise ShapeError(f"projected_attention's {which} projection: {e.message}", e.hint) from None
