@@ -725,6 +725,28 @@ def test_tanh_gelu_in_cache_sized_steps_covers_every_element(monkeypatch):
     assert torch.equal(kernels.gelu_tanh_(strided), want)
 
 
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_in_place_runs_over_a_permuted_layout_as_one_flat_vector(approximate, monkeypatch):
+    from kestrel.kernels import activations as kernels
+
+    x = torch.randn(2, 8, 5, 6).contiguous(memory_format=torch.channels_last)  # SAM's upscaling hands these over
+    exact = F.gelu(x.double(), approximate=approximate)
+    seen = []
+    real = torch.ops.aten.gelu_
+    monkeypatch.setattr(torch.ops.aten, "gelu_", lambda t, **kw: seen.append(t.shape) or real(t, **kw))
+    with torch.inference_mode():
+        y = ops.gelu_(t := x.clone(memory_format=torch.preserve_format), approximate=approximate)
+    assert y is t and y.stride() == x.stride()  # in place, the layout kept
+    assert float((y.double() - exact).abs().max() / exact.abs().max()) < 1e-6
+    if approximate == "none":
+        assert seen == [(x.numel(),)]  # one flat pass, not the permuted axes
+    overlapping = torch.randn(3, 1).expand(3, 4)  # no flat view: torch's op on the tensor as it is
+    assert kernels.memory_order_view(overlapping) is None
+    assert kernels.memory_order_view(torch.randn(4, 6)[:, :3]) is None  # gaps
+    p = torch.randn(3, 4, 5).permute(2, 0, 1)
+    assert torch.equal(kernels.memory_order_view(p), p.permute(1, 2, 0).reshape(-1))
+
+
 def test_kept_reuses_a_subs_result_only_for_the_same_unwritten_input():
     sub = torch.nn.Linear(4, 3)
     runs = []

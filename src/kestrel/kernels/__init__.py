@@ -6,7 +6,9 @@
                  convolution, int8
     attention    plain attention by measured choice (fused or two GEMMs); decomposed relative positions in
                  calibrated slices
-    activations  the tanh GELU in place
+    folded_attention  multi-head attention with its projections folded into the side with few tokens (SAM's
+                 mask decoders), by measured choice
+    activations  GELU in place on any dense layout; the tanh GELU in cache-sized steps
     norms        the channel layer norm of a channels-last map, fused
     layout       a transposed token map copied row-major in cache-sized slabs
     positions    positional encodings that are constants of a weight (a grid's Fourier features), kept
@@ -20,7 +22,7 @@
 
 from __future__ import annotations
 
-from .activations import gelu_tanh_
+from .activations import gelu_, gelu_tanh_
 from .attention import sdpa
 from .gemm import conv_transpose2x2, fused_linear, linear, linear_gelu
 from .layout import contiguous
@@ -29,5 +31,5 @@ from .norms import layer_norm_chw
 from .positions import grid_fourier
 from .reuse import kept_for_input
 
-__all__ = ["contiguous", "conv_transpose2x2", "eager_ok", "fused_linear", "gelu_tanh_", "grid_fourier",
+__all__ = ["contiguous", "conv_transpose2x2", "eager_ok", "fused_linear", "gelu_", "gelu_tanh_", "grid_fourier",
            "kept_for_input", "layer_norm_chw", "linear", "linear_gelu", "plain_inference", "sdpa"]

@@ -1,4 +1,4 @@
-"""Activation kernels: the tanh-approximate GELU in place, in cache-sized steps."""
+"""Activation kernels: GELU in place on any dense layout, the tanh approximation in cache-sized steps."""
 
 from __future__ import annotations
 
@@ -32,4 +32,30 @@ def gelu_tanh_(x: torch.Tensor) -> torch.Tensor:
         torch.addcmul(b, part, part, value=_GELU_A, out=z)  # B + A x^2
         z.mul_(part).sigmoid_()
         part.mul_(z)
+    return x
+
+
+def memory_order_view(x: torch.Tensor) -> torch.Tensor | None:
+    """``x`` as one 1-D view in memory order, where its elements fill one block of memory without gaps or overlap
+    (a contiguous tensor, or any permutation of one: a channels-last map); else None."""
+    if x.is_contiguous():
+        return x.view(-1)
+    order = sorted(range(x.dim()), key=x.stride, reverse=True)
+    y = x.permute(order)
+    return y.view(-1) if y.is_contiguous() else None
+
+
+def gelu_(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """GELU in place on an eager tensor; returns ``x``.
+
+    An elementwise pass over a permuted layout (SAM's mask upscaling hands over channels-last maps) is run over
+    the memory as one flat vector: torch's kernel otherwise iterates the permuted axes, half as fast
+    (``[1, 32, 256, 256]`` channels-last on an AMD EPYC, 2 threads: 2.21 ms, 1.23 ms flat).
+    """
+    flat = memory_order_view(x)
+    target = flat if flat is not None else x
+    if approximate == "tanh":
+        gelu_tanh_(target)
+    else:
+        torch.ops.aten.gelu_(target, approximate=approximate)
     return x

@@ -128,9 +128,7 @@ def gelu_(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     costs an allocation, fresh pages and a pass of memory (figures in the README's Speed section).
     """
     if type(x) is torch.Tensor and kernels.plain_inference(x):
-        if approximate == "tanh":
-            return kernels.gelu_tanh_(x)
-        return torch.ops.aten.gelu_(x, approximate=approximate)
+        return kernels.gelu_(x, approximate)
     return F.gelu(x, approximate=approximate)
 
 
