@@ -82,12 +82,9 @@ class AttentionPool(transformer.MultiHead):
     def forward(self, x: "Tensor[B, N, D; T]") -> "Tensor[B, D; T]":
         B, D = x.shape[0], self.D
         w, b = self.in_proj_weight, self.in_proj_bias
-        probe = self.probe.expand(B, -1, -1)
-        q = transformer.split_heads(ops.linear(probe, w[:D], b[:D]), self.Heads)
-        # key and value in one product, as the reference projects them when key is value
-        k, v = ops.split(ops.linear(x, w[D:], b[D:]), [D, D], dim=-1)
-        k, v = transformer.split_heads(k, self.Heads), transformer.split_heads(v, self.Heads)
-        y = self.out(ops.attention(q, k, v).transpose(1, 2).reshape(B, 1, D))
+        q, k, v = (w[:D], b[:D]), (w[D:2 * D], b[D:2 * D]), (w[2 * D:], b[2 * D:])  # the packed input projection
+        projections = [q, k, v, (self.out.weight, self.out.bias)]
+        y = ops.projected_attention(self.probe.expand(B, -1, -1), x, x, self.Heads, projections)
         y = y + self.mlp(self.norm(y))
         return y[:, 0]
 

@@ -53,12 +53,15 @@ class SelfAttention(MultiHead, module="std.nn.transformer"):
 
 def attend(attn: SelfAttention, x, token: int | None = None):
     """Self-attention over ``x``; with ``token``, that token's output alone (``[B, 1, D]``, every token still a
-    key and a value): what a head that reads one token needs of the last layer."""
+    key and a value): what a head that reads one token needs of the last layer. That one query is a
+    ``projected_attention``, which eager inference may fold into the query's side (no key or value projection
+    of every token)."""
     B = x.shape[0]
-    qkv = (attn.query, attn.key, attn.value)  # one GEMM: the three weights share one buffer
-    q, k, v = ops.fused_linear(x, [p.weight for p in qkv], [p.bias for p in qkv])
+    qkv = (attn.query, attn.key, attn.value)
     if token is not None:
-        q = q[:, token].unsqueeze(1)
+        projections = [(p.weight, p.bias) for p in (*qkv, attn.out)]
+        return ops.projected_attention(x[:, token].unsqueeze(1), x, x, attn.Heads, projections)
+    q, k, v = ops.fused_linear(x, [p.weight for p in qkv], [p.bias for p in qkv])  # one GEMM: one shared buffer
     y = ops.attention(split_heads(q, attn.Heads), split_heads(k, attn.Heads), split_heads(v, attn.Heads))
     return attn.out(y.transpose(1, 2).reshape(B, q.shape[1], attn.D))
 
