@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from transformers import SamConfig, SamModel
@@ -21,11 +23,15 @@ def vit_dir(small_vit):
     return small_vit()
 
 
-def test_doctor_prints_rates_and_the_choice_per_shape(vit_dir, capsys):
+def test_doctor_prints_rates_and_the_choice_per_shape(small_vit, capsys):
+    vit_dir = small_vit(layers=2)  # the last layer attends from the class token alone
     assert main(["doctor", "--threads", "1", "--size", "256", "--model", str(vit_dir), "--batch", "40"]) == 0
     out = capsys.readouterr().out
     assert calibrate.cpu_model() in out and "1 thread(s): torch" in out
-    assert "680x192x64+b" in out and "chosen" in out  # the fused q/k/v GEMM at 40 x 17 rows
+    assert "680x192x64+b" in out and "chosen" in out  # the first layer's fused q/k/v GEMM at 40 x 17 rows
+    # its attention with the projections: the choice, then both paths' seconds
+    assert re.search(r"folded 40x1x17x64x64x64x64x64x64x2 +(folded|projected) +\(projected [0-9.e-]+ s, "
+                     r"folded [0-9.e-]+ s\)", out), out
     if gemm.int8_available():  # each int8 kernel, with the quantized engine it runs under
         assert f"int8 kernels: int8 (quantized engine {torch.backends.quantized.engine})" in out
     files = list(calibrate.cache_dir().glob("*.json"))

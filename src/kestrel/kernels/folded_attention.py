@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from . import calibration, settings
 from .contention import note_load, others_share
-from .gemm import int8_marked
+from .gemm import MIN_CALIBRATED_FLOPS, int8_marked
 from .library import plain_inference
 
 # a projection: its weight [Out, In] and bias [Out] or None
@@ -77,7 +77,8 @@ def folded_key(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, head
 
 def applies(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, heads: int,
             projections: Sequence[Projection], key_bias: torch.Tensor | None) -> bool:
-    """Eager f32 inference on CPU where folding does at most MAX_WORK of the projected path's work."""
+    """Eager f32 inference on CPU where folding does at most MAX_WORK of the projected path's work, in a problem
+    large enough to time (``gemm.MIN_CALIBRATED_FLOPS``)."""
     tensors = [query, key, value, *(t for p in projections for t in p if t is not None)]
     if key_bias is not None:
         tensors.append(key_bias)
@@ -90,7 +91,9 @@ def applies(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, heads: 
         return False
     projected, folded = work(query.shape[-2], key.shape[-2], query.shape[-1], key.shape[-1], value.shape[-1],
                              wq.shape[0], wv.shape[0], wo.shape[0], heads)
-    return folded <= MAX_WORK * projected
+    batch = query.numel() // (query.shape[-2] * query.shape[-1])
+    # a problem too small to be worth timing projects, as a GEMM that small takes torch's default
+    return folded <= MAX_WORK * projected and 2 * batch * projected >= MIN_CALIBRATED_FLOPS
 
 
 def choose(name: str, folded: Callable[[], torch.Tensor], projected: Callable[[], torch.Tensor],
