@@ -52,7 +52,7 @@ def gelu_(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     the memory as one flat vector: torch's kernel otherwise iterates the permuted axes, half as fast
     (``[1, 32, 256, 256]`` channels-last on an AMD EPYC, 2 threads: 2.21 ms, 1.23 ms flat).
     """
-    flat = memory_order_view(x)
+    flat = None if x.is_contiguous() else memory_order_view(x)  # a contiguous tensor is already one pass
     target = flat if flat is not None else x
     if approximate == "tanh":
         gelu_tanh_(target)
