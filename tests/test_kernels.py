@@ -876,6 +876,9 @@ def test_folded_attention_is_the_projected_attention(nq, nk, biases, key_bias):
     assert got.shape == (2, 3, nq, 48)
     # as close to float64 as the projected path is (both ~4e-7 here)
     assert rel_diff(got.double(), want) < max(3 * rel_diff(projected.double(), want), 2e-6)
+    strided = [(w.t().contiguous().t(), b) for w, b in projections]  # weights that are not row-major
+    with torch.no_grad():
+        assert rel_diff(folded.folded_attention(q, k, v, 4, strided, bias), got) < 1e-6
 
 
 def test_projected_attention_measures_the_fold_once_and_keeps_the_numbers(monkeypatch):

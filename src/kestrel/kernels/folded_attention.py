@@ -177,15 +177,15 @@ def _few_queries(q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, heads: in
     dk, dv_in = k3.shape[-1], v3.shape[-1]
     dh, dv = wq.shape[0] // heads, wv.shape[0] // heads
     qh = F.linear(q3, wq, bq).view(b, nq, heads, dh).transpose(1, 2) * dh ** -0.5  # [b, H, Nq, dh], scaled
-    qk = torch.matmul(qh, wk.view(heads, dh, dk)).reshape(b, heads * nq, dk)  # each query in key-token space
+    qk = torch.matmul(qh, wk.reshape(heads, dh, dk)).reshape(b, heads * nq, dk)  # each query in key-token space
     scores = torch.bmm(qk, k3.transpose(1, 2))  # [b, H * Nq, Nk]
     if bias is not None:
         scores.add_(bias)
     torch.ops.aten._softmax.out(scores, 2, False, out=scores)
     mixed = torch.bmm(scores, v3).view(b, heads, nq, dv_in)  # the value tokens, weighted per head and query
-    heads_out = torch.matmul(mixed, wv.view(heads, dv, dv_in).transpose(1, 2))  # [b, H, Nq, dv]
+    heads_out = torch.matmul(mixed, wv.reshape(heads, dv, dv_in).transpose(1, 2))  # [b, H, Nq, dv]
     if bv is not None:
-        heads_out.add_(bv.view(heads, 1, dv))
+        heads_out.add_(bv.reshape(heads, 1, dv))
     return F.linear(heads_out.transpose(1, 2).reshape(b, nq, heads * dv), wo, bo)
 
 
@@ -196,17 +196,17 @@ def _few_keys(q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor, heads: int,
     nk = k3.shape[1]
     dh, dv, dout = wq.shape[0] // heads, wv.shape[0] // heads, wo.shape[0]
     kh = F.linear(k3, wk, bk).view(b, nk, heads, dh).transpose(1, 2) * dh ** -0.5  # [b, H, Nk, dh], scaled
-    keys = torch.matmul(kh, wq.view(heads, dh, dq)).reshape(b, heads * nk, dq)  # each key in query-token space
+    keys = torch.matmul(kh, wq.reshape(heads, dh, dq)).reshape(b, heads * nk, dq)  # each key in query-token space
     # laid out [b, H, Nk, Nq]: the soft-max over a handful of keys runs across rows of contiguous queries
     scores = torch.bmm(keys, q3.transpose(1, 2))
     per_key = scores.view(b, heads, nk, nq)
     if bq is not None:
-        per_key.add_(torch.matmul(kh, bq.view(heads, dh, 1)))  # the query bias against each key, [b, H, Nk, 1]
+        per_key.add_(torch.matmul(kh, bq.reshape(heads, dh, 1)))  # the query bias against each key, [b, H, Nk, 1]
     if bias is not None:
         per_key.add_(bias.view(b, 1, nk, 1))
     torch.ops.aten._softmax.out(per_key, 2, False, out=per_key)
     vh = F.linear(v3, wv, bv).view(b, nk, heads, dv).transpose(1, 2)  # [b, H, Nk, dv]
-    values = torch.matmul(vh, wo.view(dout, heads, dv).permute(1, 2, 0)).reshape(b, heads * nk, dout)
+    values = torch.matmul(vh, wo.reshape(dout, heads, dv).permute(1, 2, 0)).reshape(b, heads * nk, dout)
     out = torch.bmm(scores.transpose(1, 2), values)  # [b, Nq, Dout]
     if bo is not None:
         out.add_(bo)
