@@ -190,7 +190,8 @@ def _calibrate_model(args: argparse.Namespace, model: Any, entry: str) -> None:
     t = time.perf_counter()
     rows = calibrate.calibrate_model(lambda: getattr(model, entry)(*inputs))
     print(f"\n{model.loaded.name}.{entry} at batch {args.batch}, {torch.get_num_threads()} thread(s): "
-          f"{len(rows)} GEMM shapes ({time.perf_counter() - t:.1f} s, measuring included)")
+          f"{len(rows)} kernel choices: GEMM shapes and attention problems ({time.perf_counter() - t:.1f} s, "
+          "measuring included)")
     print("\n".join(calibrate.format_choices(rows)))
     if args.onnxruntime:
         _race_onnxruntime(model, entry, inputs)
