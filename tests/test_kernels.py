@@ -943,3 +943,27 @@ def test_projected_attention_with_calibration_off_projects_and_records_nothing(m
         got = ops.projected_attention(q, k, v, 2, projections)
     assert folded_calls == [] and rel_diff(got, folded.projected_reference(q, k, v, 2, projections, None)) < 1e-5
     assert not any(s.startswith("folded ") for s in calibrate.table().shapes)
+
+
+def test_the_fold_setting_turns_it_off_or_on_without_measuring(monkeypatch):
+    from kestrel.kernels import folded_attention as folded
+
+    g = torch.Generator().manual_seed(4)
+    q, k, v = torch.randn(1, 7, 64, generator=g), torch.randn(1, 300, 64, generator=g), \
+        torch.randn(1, 300, 64, generator=g)
+    projections = _projections(g, 64, 64, 64)
+    want = folded.projected_reference(q, k, v, 2, projections, None)
+    folds = []
+    real = folded.folded_attention
+    monkeypatch.setattr(folded, "folded_attention", lambda *a: folds.append(1) or real(*a))
+    monkeypatch.setattr(folded, "_measure", lambda *a: pytest.fail("measured under a fixed KESTREL_FOLD"))
+    with torch.no_grad():
+        for mode, runs in (("0", 0), ("always", 1)):
+            monkeypatch.setenv("KESTREL_FOLD", mode)
+            folds.clear()
+            assert rel_diff(ops.projected_attention(q, k, v, 2, projections), want) < 1e-5
+            assert len(folds) == runs, mode
+        monkeypatch.setenv("KESTREL_FOLD", "sometimes")
+        with pytest.raises(settings.SettingError, match=r"KESTREL_FOLD='sometimes': expected 0 .*auto .*always"):
+            ops.projected_attention(q, k, v, 2, projections)
+    assert not any(s.startswith("folded ") for s in calibrate.table().shapes)

@@ -201,11 +201,19 @@ def test_small_image_encoder_matches_reference(small):
         assert rel_diff(ours.encode_image(torch.randn(1, 3, 1024, 1024)), want) > 0.1
 
 
-def test_small_decoders_match_reference(small):
+@pytest.mark.parametrize("fold", ["always", "0"])  # the attentions folded into the prompt tokens' side, or not
+def test_small_decoders_match_reference(small, fold, monkeypatch):
+    from kestrel.kernels import folded_attention
+
+    monkeypatch.setenv("KESTREL_FOLD", fold)
+    folds = []
+    real = folded_attention.folded_attention
+    monkeypatch.setattr(folded_attention, "folded_attention", lambda *a: folds.append(1) or real(*a))
     ref, ours = small
     emb = torch.randn(2, 32, 64, 64)
     figures: dict[str, float] = {}
     _check_decoders(ref, ours, emb, figures)
+    assert len(folds) == (2 * 7 if fold == "always" else 0)  # two decodes of seven attentions (two among the tokens)
 
 
 def test_loaded_model_drops_the_neck_biases(small):

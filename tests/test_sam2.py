@@ -291,9 +291,12 @@ def encoded_512(small):
     return ref, ours, (emb, hr0, hr1), feats
 
 
+@pytest.mark.parametrize("fold", ["always", "0"])  # the decoder's attentions folded into the tokens' side, or not
 @pytest.mark.parametrize("name", sorted(PROMPTS))
-def test_padded_tokens_decode_as_the_unpadded_prompt(encoded_512, name):
+def test_padded_tokens_decode_as_the_unpadded_prompt(encoded_512, name, fold, monkeypatch):
     from kestrel.pipelines.sam2_processing import PromptError, PromptTables, compose
+
+    monkeypatch.setenv("KESTREL_FOLD", fold)  # folded, the padding's -1e9 key bias goes into the scores the same way
 
     ref, ours, (emb, hr0, hr1), feats = encoded_512
     scaled = dict(PROMPTS[name])  # the prompts above are in 1024-px coordinates; the model runs at 512

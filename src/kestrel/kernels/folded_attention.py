@@ -78,7 +78,11 @@ def folded_key(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, head
 def applies(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, heads: int,
             projections: Sequence[Projection], key_bias: torch.Tensor | None) -> bool:
     """Eager f32 inference on CPU where folding does at most MAX_WORK of the projected path's work, in a problem
-    large enough to time (``gemm.MIN_CALIBRATED_FLOPS``)."""
+    large enough to time (``gemm.MIN_CALIBRATED_FLOPS``). ``KESTREL_FOLD=0``: never; ``always``: wherever the fold
+    can run, whatever its work."""
+    mode = settings.fold_attention()
+    if mode == "0":
+        return False
     tensors = [query, key, value, *(t for p in projections for t in p if t is not None)]
     if key_bias is not None:
         tensors.append(key_bias)
@@ -89,6 +93,8 @@ def applies(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, heads: 
         return False  # nothing to fold (and nothing to time)
     if wq.shape[0] % heads or wv.shape[0] % heads:
         return False
+    if mode == "always":
+        return True
     projected, folded = work(query.shape[-2], key.shape[-2], query.shape[-1], key.shape[-1], value.shape[-1],
                              wq.shape[0], wv.shape[0], wo.shape[0], heads)
     batch = query.numel() // (query.shape[-2] * query.shape[-1])
@@ -99,7 +105,10 @@ def applies(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, heads: 
 def choose(name: str, folded: Callable[[], torch.Tensor], projected: Callable[[], torch.Tensor],
            reference: Callable[[], torch.Tensor]) -> str:
     """``"folded"`` or ``"projected"`` for the problem keyed ``name``: remembered, read from the table, or
-    measured now (both paths interleaved, the fold checked against ``reference``). Calibration off: projected."""
+    measured now (both paths interleaved, the fold checked against ``reference``). Calibration off: projected.
+    ``KESTREL_FOLD=always``: folded, nothing measured or recorded."""
+    if settings.fold_attention() == "always":
+        return "folded"
     choice = calibration.DECIDED.get(name)
     if choice is not None:
         return choice

@@ -11,6 +11,8 @@ value Kestrel cannot use is a :class:`SettingError` naming the variable, the val
 ``KESTREL_CALIBRATION_BUDGET``    seconds one shape's kernel race may take (default 0.4; ``0``: its fewest rounds)
 ``KESTREL_WEIGHT_COPIES=1``       kernels may keep a re-laid-out second copy of any weight
 ``KESTREL_ATTENTION_BUDGET``      bytes of attention scores per slice (else measured per shape)
+``KESTREL_FOLD``                  ``0``: attention never folds its projections into its few tokens' side;
+                                  ``always``: it folds wherever it can, unmeasured (default ``auto``: measured)
 ``KESTREL_MALLOC=system``         leave glibc's allocator thresholds as they are
 ``KESTREL_COMPILED=always``       compiled entries skip the race against eager
 ``KESTREL_ONNXRUNTIME``           ``0``: entries never run on onnxruntime (the table's choices ignored, no race);
@@ -87,6 +89,19 @@ def attention_budget() -> int | None:
         raise SettingError(f"KESTREL_ATTENTION_BUDGET={value!r}: expected a positive number of bytes "
                            f"(e.g. {16 << 20} for 16 MB slices), or unset to measure the best")
     return int(value)
+
+
+FOLD_MODES = ("auto", "0", "always")
+
+
+def fold_attention() -> str:
+    """``KESTREL_FOLD``: ``auto`` (default: an attention with few tokens on one side folds its projections into that
+    side where its first call measured the fold faster), ``0`` (never) or ``always`` (wherever the fold can run,
+    without measuring: what tests use to compare it with the reference)."""
+    value = _raw("KESTREL_FOLD").lower() or "auto"
+    if value not in FOLD_MODES:
+        raise SettingError(f"KESTREL_FOLD={value!r}: expected 0 (never fold), auto (the default: measured) or always")
+    return value
 
 
 def system_malloc() -> bool:
