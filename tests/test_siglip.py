@@ -200,8 +200,10 @@ def compare(ref: transformers.SiglipModel, ours: torch.nn.Module, n_images: int,
     return {k: rel_diff(mine[k], references[k]) for k in references}
 
 
+@pytest.mark.parametrize("fold", ["always", "0"])  # the one-query attentions (pool, last text token) folded or not
 @pytest.mark.parametrize("size", sorted(SMALL))
-def test_parity_small(size: str, tmp_path: Path) -> None:
+def test_parity_small(size: str, fold: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KESTREL_FOLD", fold)
     ref = build_reference(**SMALL[size])
     ref.save_pretrained(tmp_path)
     ours = kestrel.load(tmp_path)

@@ -43,7 +43,9 @@ def _check_vit(ref, ours, size, batch=2):
         assert rel_diff(ours.features(x), ref_tokens) <= TOL
 
 
-def test_vit_small_matches_reference(tmp_path):
+@pytest.mark.parametrize("fold", ["always", "0"])  # the last layer's class-token attention folded, or projected
+def test_vit_small_matches_reference(tmp_path, fold, monkeypatch):
+    monkeypatch.setenv("KESTREL_FOLD", fold)
     ref, ours = _vit(tmp_path, SMALL_VIT)
     assert ours.generics["Classes"] == 7 and ours.generics["Layers"] == 2
     _check_vit(ref, ours, 64)
