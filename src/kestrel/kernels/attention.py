@@ -23,6 +23,7 @@ Compiled, exported and autograd graphs take the plain out-of-place form.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -84,6 +85,22 @@ def _two_gemms(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float |
     return torch.bmm(s, v3).view(b, h, n, dv)
 
 
+def race_paths(runs: dict[str, Callable[[], object]], rounds: int = ROUNDS) -> tuple[dict[str, float], float | None]:
+    """Time each of ``runs`` (whole calls of one problem), interleaved, the order alternating round by round (no seat
+    is favoured): the best seconds of each, and the share of the machine other processes took meanwhile."""
+    best = dict.fromkeys(runs, float("inf"))
+
+    def timed() -> None:
+        for r in range(2 * rounds):
+            for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+                t = time.perf_counter()
+                runs[name]()
+                best[name] = min(best[name], time.perf_counter() - t)
+
+    _, others = others_share(timed)
+    return best, others
+
+
 def _sdpa_choice(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> str:
     """The cached choice for ``key``; or measure both paths now, interleaved, and keep the faster."""
     hit = calibration.table().shapes.get(key)
@@ -101,16 +118,7 @@ def _sdpa_choice(key: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
             "gemm": lambda: _two_gemms(q, k, v, scale)}
     if not err <= SDPA_TOL[q.dtype]:
         runs.pop("gemm")
-    best = dict.fromkeys(runs, float("inf"))
-
-    def rounds() -> None:
-        for r in range(2 * ROUNDS):
-            for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
-                t = time.perf_counter()
-                runs[name]()
-                best[name] = min(best[name], time.perf_counter() - t)
-
-    _, others = others_share(rounds)
+    best, others = race_paths(runs)
     chosen = min(best, key=lambda c: best[c])
     calibration.table().put_entry(key, note_load(
         {"kernel": chosen, "seconds": {c: round(t, 6) for c, t in best.items()}, "error": float(f"{err:.2g}")},

@@ -25,14 +25,14 @@ composition), and so does any problem where folding would not save work.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from . import calibration, settings
-from .contention import note_load, others_share
+from .attention import race_paths
+from .contention import note_load
 from .gemm import MIN_CALIBRATED_FLOPS, int8_marked
 from .library import plain_inference
 
@@ -133,16 +133,7 @@ def _measure(name: str, folded: Callable[[], torch.Tensor], projected: Callable[
     runs = {"projected": projected, "folded": folded}
     if not err <= TOL:
         runs.pop("folded")
-    best = dict.fromkeys(runs, float("inf"))
-
-    def rounds() -> None:
-        for r in range(2 * ROUNDS):
-            for path in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
-                t = time.perf_counter()
-                runs[path]()
-                best[path] = min(best[path], time.perf_counter() - t)
-
-    _, others = others_share(rounds)
+    best, others = race_paths(runs, ROUNDS)
     chosen = min(best, key=lambda c: best[c])
     entry = {"kernel": chosen, "seconds": {c: round(t, 6) for c, t in best.items()}, "error": float(f"{err:.2g}")}
     calibration.table().put_entry(name, note_load(entry, others))
