@@ -137,6 +137,23 @@ def test_a_first_run_says_it_measures_the_kernels_and_a_second_is_silent(tmp_pat
     assert "measur" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("name", "value"), [("KESTREL_FOLD", "sometimes"), ("KESTREL_CALIBRATION_BUDGET", "soon"),
+                                             ("KESTREL_ATTENTION_BUDGET", "big"), ("KESTREL_ONNXRUNTIME", "maybe")])
+def test_a_bad_setting_is_refused_before_the_command_starts(name, value, tmp_path, images, capsys, monkeypatch,
+                                                           own_calibration):
+    """A setting a kernel reads minutes into a run (the fold at the last layer, after the first layer's GEMM races) is
+    checked before anything is measured or said: one error line naming the variable, exit 2."""
+    cfg = ViTConfig(hidden_size=256, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512, image_size=64,
+                    patch_size=8, num_labels=5, id2label=LABELS, label2id={v: k for k, v in LABELS.items()})
+    model = tmp_path / "vit-wide"  # GEMMs large enough to race before the last layer reads KESTREL_FOLD
+    seeded(lambda: ViTForImageClassification(cfg)).save_pretrained(model)
+    capsys.readouterr()
+    monkeypatch.setenv(name, value)
+    assert main(["classify", str(images[0]), "--model", str(model)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kestrel classify: error: {name}={value!r}") and "measuring" not in err, err
+
+
 def test_embed_writes_features_with_paths(tmp_path, images, capsys):
     ref = seeded(lambda: Dinov2Model(Dinov2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                                   image_size=28, patch_size=14)))

@@ -131,7 +131,9 @@ def _measuring_note(prog: str, args: argparse.Namespace) -> Iterator[None]:
     if args.command == "doctor" or getattr(args, "quiet", False):
         yield
         return
-    from ..kernels import calibration
+    from ..kernels import calibration, settings
+
+    settings.validate()  # a bad setting is refused before the note, not after the first race
 
     def first() -> None:
         print(f"{prog}: measuring this CPU's kernels for shapes it has not run before (once; kept in "

@@ -104,6 +104,15 @@ def fold_attention() -> str:
     return value
 
 
+def validate() -> None:
+    """Read every setting whose value can be wrong (``SettingError`` for the first that is): a command checks them
+    before it starts, rather than failing minutes in, when a kernel first reads one."""
+    calibration_budget()
+    attention_budget()
+    fold_attention()
+    onnxruntime_entries()
+
+
 def system_malloc() -> bool:
     """``KESTREL_MALLOC=system``: leave the C library's allocator as it is."""
     return _raw("KESTREL_MALLOC").lower() == "system"
