@@ -152,6 +152,8 @@ def test_a_bad_setting_is_refused_before_the_command_starts(name, value, tmp_pat
     assert main(["classify", str(images[0]), "--model", str(model)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"kestrel classify: error: {name}={value!r}") and "measuring" not in err, err
+    assert main(["doctor"]) == 2  # every command, before a minute of rate measuring
+    assert capsys.readouterr().err.startswith(f"kestrel doctor: error: {name}={value!r}")
 
 
 def test_embed_writes_features_with_paths(tmp_path, images, capsys):

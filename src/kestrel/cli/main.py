@@ -131,9 +131,7 @@ def _measuring_note(prog: str, args: argparse.Namespace) -> Iterator[None]:
     if args.command == "doctor" or getattr(args, "quiet", False):
         yield
         return
-    from ..kernels import calibration, settings
-
-    settings.validate()  # a bad setting is refused before the note, not after the first race
+    from ..kernels import calibration
 
     def first() -> None:
         print(f"{prog}: measuring this CPU's kernels for shapes it has not run before (once; kept in "
@@ -165,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     prog = f"kestrel {args.command}"
     try:
+        settings.validate()  # a setting a kernel reads minutes in is refused now, before anything is measured or said
         with _one_line_warnings(prog), _measuring_note(prog, args):
             return int(args.run(args) or 0)
     except KeyboardInterrupt:
